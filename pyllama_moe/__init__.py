@@ -1,0 +1,41 @@
+"""pyllama-moe: llama-cpp-python's ``Llama`` over a patched llama.cpp, fast for MoE models with experts in host memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "data_file"]
+
+
+def _use_installed_native_parts() -> None:
+    """Let a source checkout find the compiled parts of the installed copy.
+
+    ``python -m pyllama_moe`` run from the repository root imports this source folder (the current
+    directory comes first on sys.path), which has no compiled module, libraries or data: those are
+    then taken from the installed copy of the package, as an editable install would.
+    """
+    here = Path(__file__).resolve().parent
+    if any(here.glob("_cffi.*")):
+        return
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = Path(str(distribution("pyllama-moe").locate_file("pyllama_moe"))).resolve()
+    except (PackageNotFoundError, OSError):
+        return
+    if installed != here and installed.is_dir():
+        __path__.append(str(installed))
+
+
+_use_installed_native_parts()
+
+
+def data_file(name: str) -> Path:
+    """A file installed under ``pyllama_moe/data`` (e.g. the qwen2 vocabulary)."""
+    for d in __path__:
+        p = Path(d) / "data" / name
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"pyllama_moe/data/{name} is not installed; build and install the package (README.md)")

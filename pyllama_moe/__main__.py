@@ -1,0 +1,49 @@
+"""``python -m pyllama_moe <command>``: demo, info, synth."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _info(_: argparse.Namespace) -> int:
+    import pyllama_moe
+    from pyllama_moe import _build_info, backend
+
+    print(f"pyllama-moe {pyllama_moe.__version__}: llama.cpp {_build_info.UPSTREAM_BUILD} + patch series {_build_info.PATCH_SERIES}")
+    print(backend.system_info().strip())
+    for d in backend.devices():
+        print(f"device {d.index}: {d.name} ({d.type}) {d.description}: "
+              f"{d.memory_free >> 20} MiB free of {d.memory_total >> 20} MiB")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from pyllama_moe import demo
+
+    return demo.main(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "synth":  # the synthetic-model writer has its own parser
+        from pyllama_moe import synth
+
+        return synth.main(argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m pyllama_moe")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="the build: patch series, backends, devices").set_defaults(run=_info)
+    d = sub.add_parser("demo", help="make a small synthetic MoE model and generate with experts in host memory")
+    d.add_argument("--tokens", type=int, default=48, help="tokens to generate (default 48)")
+    d.add_argument("--prompt", default="The quick brown fox", help="prompt text")
+    d.add_argument("--cpu", action="store_true", help="do not use a GPU even if there is one")
+    d.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    d.set_defaults(run=_demo)
+    sub.add_parser("synth", help="write a random-weight GGUF model (see `synth --help`)")
+    args = ap.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Shared fixtures; the report header names the build under test (series, backends, devices)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # scripts.vendor; pyllama_moe takes its compiled parts from the installed copy
+
+
+def _native() -> bool:
+    try:
+        import pyllama_moe._cffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    if not _native():
+        return ["pyllama_moe: native part NOT built"]
+    import pyllama_moe
+    from pyllama_moe import backend
+
+    lines = [f"pyllama_moe {pyllama_moe.__version__} from {Path(pyllama_moe.__file__).parent}"]
+    lines.append("llama.cpp: " + backend.system_info().strip())
+    for d in backend.devices():
+        lines.append(f"device {d.index}: {d.name} ({d.type}) {d.description}, {d.memory_total >> 20} MiB")
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu = False
+    if _native():
+        from pyllama_moe import backend
+
+        gpu = backend.gpu_available()
+    if gpu:
+        return
+    skip = pytest.mark.skip(reason="no GPU device: run with ci/gpu.sh on a CUDA machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
