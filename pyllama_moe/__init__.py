@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -30,6 +32,25 @@ def _use_installed_native_parts() -> None:
 
 
 _use_installed_native_parts()
+
+
+def _preload_cxx_runtime() -> None:
+    """Put libstdc++ in the process's global symbol scope before llama.cpp's libraries load.
+
+    libggml-cuda.so (CUDA 13 build) defines its own copies of libstdc++ symbols. Python loads
+    extensions with RTLD_LOCAL, so libllama bound some libstdc++ calls (std::ostream inserters) to
+    those copies and crashed in llama_model::print_info. A C++ program has libstdc++ in its global
+    scope, which every lookup searches first; this gives Python the same order.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:  # pragma: no cover - a toolchain without libstdc++ (clang + libc++)
+            pass
+
+
+# before any submodule can load the compiled module (pyllama_moe._cffi and its libraries)
+_preload_cxx_runtime()
 
 
 def data_file(name: str) -> Path:

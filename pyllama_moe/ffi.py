@@ -6,6 +6,7 @@ the bindings need (see ``_ffi_build.py``); ``ffi`` is its cffi FFI object.
 
 from __future__ import annotations
 
+# pyllama_moe/__init__.py has put libstdc++ in the global symbol scope before this loads
 try:
     from pyllama_moe._cffi import ffi, lib
 except ImportError as e:  # pragma: no cover - a source checkout that was never built
