@@ -13,6 +13,8 @@ What is declared:
 - the ggml / ggml-backend / gguf types that ``llama.h`` uses, and the ggml functions the bindings
   need (device registry, buffer types, type sizes, logging, timing, CPU features, gguf reading);
 - integer ``#define`` constants of those headers;
+- our C entry points into llama.cpp's common library (``_native/pyllama_moe_shim.h``: fit, memory
+  measurement, JSON schema to grammar), implemented in ``_native/shim.cpp``;
 - our Python callbacks (``_decl/*.h``), written by hand.
 """
 
@@ -30,10 +32,14 @@ from pathlib import Path
 
 MODULE = "pyllama_moe._cffi"
 DECL_DIR = Path(__file__).resolve().parent / "_decl"
+NATIVE_DIR = Path(__file__).resolve().parent / "_native"
+SHIM_HEADER = "pyllama_moe_shim.h"  # our C entry points into llama.cpp's common library
 
 # headers whose text is declared; anything else the preprocessor pulls in (libc) is left to cffi,
 # which knows the standard types (size_t, int32_t, bool, FILE, ...)
-API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h")
+API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h", SHIM_HEADER)
+# headers all of whose functions are declared
+ALL_FUNCTIONS = ("llama.h", SHIM_HEADER)
 
 # functions: all of llama.h; of ggml's headers only these, the rest being graph-building API that
 # the bindings never call (and some of it is declared for backends we do not build)
@@ -64,10 +70,12 @@ def find_header(name: str, include: Sequence[Path]) -> Path:
 
 
 def preprocess(include: Sequence[Path]) -> list[tuple[str, str]]:
-    """llama.h preprocessed: (header, text) chunks of API_HEADERS, in order; libc is left out."""
+    """Our shim header (which includes llama.h) preprocessed: (header, text) chunks of API_HEADERS,
+    in order; libc is left out."""
+    include = [*include, NATIVE_DIR]
     cmd = _cc() + [
         "-E", "-std=c11", "-D__attribute__(x)=", "-D__restrict=", "-D__extension__=", "-D__inline=",
-        *[f"-I{d}" for d in include], str(find_header("llama.h", include)),
+        *[f"-I{d}" for d in include], str(find_header(SHIM_HEADER, include)),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -153,14 +161,14 @@ def declarations(include: Sequence[Path], defined: set[str] | None = None) -> st
                 continue
             if is_function(d):
                 name = function_name(d)
-                if header != "llama.h" and not GGML_FUNCTIONS.match(name):
+                if header not in ALL_FUNCTIONS and not GGML_FUNCTIONS.match(name):
                     continue
-                if defined is not None and name not in defined:
+                if defined is not None and name not in defined and header != SHIM_HEADER:
                     continue
             out.append(re.sub(r"\[([^\]]+)\]", _array_length, d))
     seen = set()
     for header in API_HEADERS:
-        for line in find_header(header, include).read_text().splitlines():
+        for line in find_header(header, [*include, NATIVE_DIR]).read_text().splitlines():
             m = _DEFINE.match(line)
             if m and m.group(1) not in seen:
                 seen.add(m.group(1))
@@ -175,7 +183,7 @@ def make_ffi(include: Sequence[Path], defined: set[str] | None = None):  # -> cf
 
     ffi = cffi.FFI()
     ffi.cdef(declarations(include, defined))
-    ffi.set_source(MODULE, '#include "llama.h"\n')
+    ffi.set_source(MODULE, f'#include "{SHIM_HEADER}"\n')
     return ffi
 
 

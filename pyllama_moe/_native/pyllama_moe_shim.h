@@ -1,0 +1,46 @@
+/* C entry points into llama.cpp's common library (C++), compiled into pyllama_moe._cffi. */
+#ifndef PYLLAMA_MOE_SHIM_H
+#define PYLLAMA_MOE_SHIM_H
+
+#include "llama.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* common_fit_params: fits mparams/cparams to the free device memory. tensor_split holds
+ * llama_max_devices() floats, tensor_buft_overrides llama_max_tensor_buft_overrides() entries,
+ * margins one size_t per device. Returns 0 (fits), 1 (could not fit) or 2 (error). */
+int32_t pyllama_moe_fit_params(
+        const char * path_model,
+        struct llama_model_params * mparams,
+        struct llama_context_params * cparams,
+        float * tensor_split,
+        struct llama_model_tensor_buft_override * tensor_buft_overrides,
+        size_t * margins,
+        uint32_t n_ctx_min,
+        enum ggml_log_level log_level);
+
+/* common_get_device_memory_data: the memory a model + context would take, measured without
+ * allocating. Writes 5 values per device (total, free, model, context, compute bytes) for at most
+ * max_devices devices; returns the number of devices, or -1 on error. */
+int32_t pyllama_moe_device_memory(
+        const char * path_model,
+        const struct llama_model_params * mparams,
+        const struct llama_context_params * cparams,
+        int64_t * out,
+        int32_t max_devices);
+
+/* json_schema_to_grammar: a llama.cpp GBNF grammar for a JSON schema (given as JSON text).
+ * Returns the grammar's length (without the NUL); the grammar is written if it fits in buf_size.
+ * On error returns -1 and writes the message to buf. */
+int32_t pyllama_moe_json_schema_to_grammar(const char * schema_json, char * buf, size_t buf_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,92 @@
+"""Our C entry points into llama.cpp's common library (pyllama_moe/_native/shim.cpp)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pyllama_moe import backend
+from pyllama_moe.ffi import ffi, lib
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pyllama_moe import synth
+
+    return synth.write_model(tmp_path_factory.mktemp("shim") / "tiny.gguf", "tiny", seed=2)
+
+
+def grammar(schema: object) -> str:
+    buf = ffi.new("char[]", 1 << 16)
+    n = lib.pyllama_moe_json_schema_to_grammar(json.dumps(schema).encode(), buf, 1 << 16)
+    assert n >= 0, ffi.string(buf).decode()
+    assert n < 1 << 16
+    return ffi.string(buf).decode()
+
+
+def test_json_schema_to_grammar_is_accepted_by_llama(tiny: Path) -> None:
+    g = grammar({"type": "object", "properties": {"answer": {"type": "integer"}, "why": {"type": "string"}},
+                 "required": ["answer"]})
+    assert g.startswith("answer-kv ::=") or "root ::=" in g
+    assert '"\\"answer\\""' in g  # the required key is spelled out
+    backend.init()
+    params = lib.llama_model_default_params()
+    params.vocab_only = True
+    model = lib.llama_model_load_from_file(str(tiny).encode(), params)
+    assert model != ffi.NULL
+    try:
+        smpl = lib.llama_sampler_init_grammar(lib.llama_model_get_vocab(model), g.encode(), b"root")
+        assert smpl != ffi.NULL
+        lib.llama_sampler_free(smpl)
+    finally:
+        lib.llama_model_free(model)
+
+
+def test_json_schema_errors_come_back_as_text() -> None:
+    buf = ffi.new("char[]", 1024)
+    assert lib.pyllama_moe_json_schema_to_grammar(b"{not json", buf, 1024) == -1
+    assert "parse error" in ffi.string(buf).decode()
+    # a too small buffer is never overrun, and the length says how much is needed
+    n = lib.pyllama_moe_json_schema_to_grammar(b'{"type": "string"}', buf, 8)
+    assert n > 7 and len(ffi.string(buf)) == 7
+
+
+def test_device_memory_measures_without_allocating(tiny: Path) -> None:
+    backend.init()
+    mparams = lib.llama_model_default_params()
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = 512
+    out = ffi.new("int64_t[]", 5 * 16)
+    n = lib.pyllama_moe_device_memory(str(tiny).encode(), ffi.addressof(mparams), ffi.addressof(cparams), out, 16)
+    assert n == len(backend.devices()) - sum(d.type == "cpu" for d in backend.devices()) + 1
+    from pyllama_moe import synth
+
+    model_bytes = sum(out[5 * i + 2] for i in range(n))
+    weights = synth.plan("tiny").tensor_bytes
+    assert 0.98 * weights < model_bytes < 1.02 * weights
+    assert all(out[5 * i + 4] > 0 for i in range(n) if out[5 * i + 2] > 0)  # compute buffers
+
+
+def test_device_memory_of_a_missing_file(tmp_path: Path) -> None:
+    mparams = lib.llama_model_default_params()
+    cparams = lib.llama_context_default_params()
+    out = ffi.new("int64_t[]", 5 * 16)
+    assert lib.pyllama_moe_device_memory(str(tmp_path / "absent.gguf").encode(), ffi.addressof(mparams),
+                                         ffi.addressof(cparams), out, 16) == -1
+
+
+def test_fit_params(tiny: Path, tmp_path: Path) -> None:
+    backend.init()
+    n_dev = lib.llama_max_devices()
+    mparams = lib.llama_model_default_params()
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = 0  # the fit chooses it
+    split = ffi.new("float[]", n_dev)
+    overrides = ffi.new("struct llama_model_tensor_buft_override[]", lib.llama_max_tensor_buft_overrides())
+    margins = ffi.new("size_t[]", n_dev)
+    args = (ffi.addressof(mparams), ffi.addressof(cparams), split, overrides, margins, 256, lib.GGML_LOG_LEVEL_ERROR)
+    assert lib.pyllama_moe_fit_params(str(tiny).encode(), *args) == 0
+    assert cparams.n_ctx >= 256  # set from the model (its training context fits)
+    assert lib.pyllama_moe_fit_params(str(tmp_path / "absent.gguf").encode(), *args) == 2
