@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # On a CUDA machine: build with CUDA (sm_90 unless CMAKE_ARGS says otherwise) into a build folder
-# outside the source tree (kept, so a second run rebuilds only what changed), install, run the
-# GPU-marked tests. Needs no network: the build uses the installed scikit-build-core and cffi.
-#   ci/gpu.sh [pytest args]     e.g. ci/gpu.sh -k ffi
+# outside the source tree (kept, so a second run rebuilds only what changed), install, then
+#   ci/gpu.sh [pytest args]        run the GPU-marked tests (e.g. ci/gpu.sh -k ffi)
+#   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model in /tmp if absent, run the
+#                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
+# Needs no network: the build uses the installed scikit-build-core and cffi.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUILD_DIR=${PYLLAMA_MOE_BUILD_DIR:-/tmp/build}
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90} -DPYLLAMA_MOE_TOOLS=ON"
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 
 "$PY" scripts/vendor.py apply
@@ -17,5 +19,13 @@ start=$(date +%s)
 echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
 
 start=$(date +%s)
-"$PY" -m pytest -ra -p no:cacheprovider -m gpu tests "$@"
-echo "gpu.sh: GPU tests took $(( $(date +%s) - start )) s"
+if [ "${1:-}" = bench ]; then
+    shift
+    out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
+    model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b.gguf}
+    "$PY" -m pyllama_moe bench "$model" --preset 30b-a3b --json "$out/bench.json" "$@" | tee "$out/bench.md"
+    echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
+else
+    "$PY" -m pytest -ra -p no:cacheprovider -m gpu tests "$@"
+    echo "gpu.sh: GPU tests took $(( $(date +%s) - start )) s"
+fi

@@ -27,10 +27,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "synth":  # the synthetic-model writer has its own parser
+    if argv and argv[0] == "synth":  # these two have their own parsers
         from pyllama_moe import synth
 
         return synth.main(argv[1:])
+    if argv and argv[0] == "bench":
+        from pyllama_moe import bench
+
+        return bench.main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m pyllama_moe")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="the build: patch series, backends, devices").set_defaults(run=_info)
@@ -41,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     d.set_defaults(run=_demo)
     sub.add_parser("synth", help="write a random-weight GGUF model (see `synth --help`)")
+    sub.add_parser("bench", help="speed of each placement and kill switch, side by side (see `bench --help`)")
     args = ap.parse_args(argv)
     return int(args.run(args))
 

@@ -1,0 +1,266 @@
+"""``python -m pyllama_moe bench``: prompt and generation speed, setup by setup, side by side.
+
+Runs a matrix of placements (all on the GPU, experts in host memory with mmap or pinned memory,
+the MoE cache at fractions of the expert bytes), each with every kill switch given by ``--switch``
+both unset (our behaviour) and set to 0 (upstream's), through the native tools of our patched
+build (``llama-bench`` for prompt/generation, ``llama-batched-bench`` where the MoE cache is on, as
+``llama-bench`` has no cache option). Prints one markdown table and writes the rows as JSON, with the
+cache's own statistics and the host-to-device copy bandwidth measured in the same run.
+
+The table is the measurement: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
+CACHE_LINE = re.compile(
+    r"llama_moe_cache: (?P<kind>ubatch\s+[<>]=?\s*\d+): hits = (?P<hits>\d+), misses = (?P<misses>\d+), "
+    r"hit rate = (?P<rate>[\d.]+)%, uploaded = (?P<mib>[\d.]+) MiB")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One placement: how the tools are told about it."""
+
+    name: str
+    args: tuple[str, ...]          # common to both tools
+    bench_args: tuple[str, ...]    # llama-bench only
+    batched_args: tuple[str, ...]  # llama-batched-bench only
+    cache_fraction: float = 0.0    # of the expert bytes; > 0 runs llama-batched-bench
+    needs_gpu: bool = True
+
+
+SETUPS: dict[str, Setup] = {
+    "gpu": Setup("gpu", ("-ngl", "99"), (), ()),
+    "cpu_moe-mmap": Setup("cpu_moe-mmap", ("-ngl", "99", "-lm", "mmap"), ("-ncmoe", "99"), ("--cpu-moe",),
+                          needs_gpu=False),
+    "cpu_moe-none": Setup("cpu_moe-none", ("-ngl", "99", "-lm", "none"), ("-ncmoe", "99"), ("--cpu-moe",),
+                          needs_gpu=False),
+    "cache-25": Setup("cache-25", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.25),
+    "cache-80": Setup("cache-80", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.80),
+}
+
+
+@dataclasses.dataclass
+class Row:
+    setup: str
+    switches: dict[str, str]
+    tool: str
+    n_prompt: int
+    n_ubatch: int
+    n_gen: int
+    tokens_per_s: float
+    stddev: float = 0.0
+    cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- parsing tool output
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """The JSON objects printed one per line (other lines are the tools' logs)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def parse_cache_stats(text: str) -> dict[str, dict[str, float]]:
+    """upstream's ``llama_moe_cache: ubatch <= 8: hits = ..`` lines, by ubatch class."""
+    stats = {}
+    for m in CACHE_LINE.finditer(text):
+        stats[" ".join(m.group("kind").split())] = {"hits": int(m.group("hits")), "misses": int(m.group("misses")),
+                                  "hit_rate": float(m.group("rate")), "uploaded_mib": float(m.group("mib"))}
+    return stats
+
+
+def expert_bytes(model: Path) -> int:
+    """Bytes of the expert tensors of a GGUF (read through ggml's gguf reader, no data loaded)."""
+    from pyllama_moe.ffi import ffi, lib
+
+    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
+    ctx = lib.gguf_init_from_file(str(model).encode(), params[0])
+    if ctx == ffi.NULL:
+        raise ValueError(f"{model} is not a readable GGUF file")
+    try:
+        total = 0
+        for i in range(lib.gguf_get_n_tensors(ctx)):
+            if EXPERT_TENSOR.search(ffi.string(lib.gguf_get_tensor_name(ctx, i)).decode()):
+                total += lib.gguf_get_tensor_size(ctx, i)
+        return total
+    finally:
+        lib.gguf_free(ctx)
+
+
+# ---------------------------------------------------------------- running the tools
+
+
+def tool_path(name: str) -> Path:
+    import pyllama_moe
+
+    for d in pyllama_moe.__path__:
+        p = Path(d) / "bin" / name
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"{name} is not installed (build with -DPYLLAMA_MOE_TOOLS=ON, the default)")
+
+
+Runner = Callable[[list[str], dict[str, str]], str]
+
+
+def run_tool(cmd: list[str], env: dict[str, str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return res.stdout + "\n" + res.stderr
+
+
+def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
+            reps: int, run: Runner = run_tool) -> list[Row]:
+    rows = []
+    if setup.cache_fraction == 0:
+        cmd = [str(tool_path("llama-bench")), "-m", str(model), *setup.args, *setup.bench_args, "-fa", "1",
+               "-r", str(reps), "-o", "jsonl", "-p", ",".join(map(str, pp)), "-ub", ",".join(map(str, ub)),
+               "-b", str(max([*ub, *pp])), "-n", str(tg)]
+        for r in parse_jsonl(run(cmd, switches)):
+            if r["n_prompt"] and r["n_ubatch"] > r["n_prompt"]:
+                continue  # a ubatch larger than the prompt measures nothing new
+            if r["n_gen"] and r["n_ubatch"] != ub[0]:
+                continue  # generation does not depend on the ubatch: llama-bench repeats it per ubatch
+            rows.append(Row(setup.name, switches, "llama-bench", r["n_prompt"], r["n_ubatch"], r["n_gen"],
+                            float(r["avg_ts"]), float(r["stddev_ts"])))
+        return rows
+    mib = max(1, int(expert_bytes(model) * setup.cache_fraction) >> 20)
+    for p, u in ((p, u) for p in pp for u in ub if u <= p):
+        cmd = [str(tool_path("llama-batched-bench")), "-m", str(model), *setup.args, *setup.batched_args,
+               "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(p + tg + 16), "-b", str(p), "-ub", str(u),
+               "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl"]
+        text = run(cmd, switches)
+        cache = parse_cache_stats(text)
+        for r in parse_jsonl(text):
+            rows.append(Row(setup.name, switches, "llama-batched-bench", r["pp"], u, 0, float(r["speed_pp"]), cache=cache))
+            rows.append(Row(setup.name, switches, "llama-batched-bench", 0, u, r["tg"], float(r["speed_tg"]), cache=cache))
+    return rows
+
+
+def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
+    """Host-to-device copy bandwidth (GB/s), pinned and pageable, measured with PyTorch when present."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    out = {}
+    dev = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
+    for kind, pin in (("pinned", True), ("pageable", False)):
+        host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pin)
+        dev.copy_(host, non_blocking=pin)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            dev.copy_(host, non_blocking=pin)
+        torch.cuda.synchronize()
+        out[kind] = 3 * n_bytes / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+# ---------------------------------------------------------------- the table
+
+
+def column(r: Row) -> str:
+    return f"pp{r.n_prompt} ub{r.n_ubatch}" if r.n_prompt else f"tg{r.n_gen}"
+
+
+def table(rows: Iterable[Row]) -> str:
+    """One line per setup and switch setting, one column per measurement, cache statistics last."""
+    rows = list(rows)
+    cols: list[str] = []
+    for r in rows:
+        if column(r) not in cols:
+            cols.append(column(r))
+    cols.sort(key=lambda c: (c.startswith("tg"), [int(x) for x in re.findall(r"\d+", c)]))
+    lines: dict[tuple[str, str], dict[str, str]] = {}
+    for r in rows:
+        sw = ",".join(f"{k}={v}" for k, v in sorted(r.switches.items())) or "-"
+        cell = lines.setdefault((r.setup, sw), {})
+        cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
+        small = r.cache.get("ubatch <= 8")
+        if small:
+            cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
+    head = ["setup", "switches", *cols, "cache (decode)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (setup, sw), cell in lines.items():
+        out.append("| " + " | ".join([setup, sw, *[cell.get(c, "-") for c in cols], cell.get("cache", "-")]) + " |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pyllama_moe bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
+    ap.add_argument("--preset", help="make the model with pyllama_moe.synth if the file does not exist")
+    ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma list of {', '.join(SETUPS)}")
+    ap.add_argument("--switch", action="append", default=[], metavar="ENV",
+                    help="a kill switch: each setup runs with ENV unset and with ENV=0 (repeatable)")
+    ap.add_argument("--pp", default="512,2048", help="prompt lengths (default 512,2048)")
+    ap.add_argument("--ub", default="512,2048", help="ubatch sizes (default 512,2048)")
+    ap.add_argument("--tg", type=int, default=128, help="tokens generated (default 128)")
+    ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (default 2)")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args(argv)
+
+    if not args.model.exists():
+        if not args.preset:
+            ap.error(f"{args.model} does not exist (give --preset to make it)")
+        from pyllama_moe import synth
+
+        print(f"writing {args.preset} to {args.model} ...", file=sys.stderr, flush=True)
+        synth.write_model(args.model, args.preset, progress=sys.stderr.isatty())
+    names = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SETUPS]
+    if unknown:
+        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}")
+    from pyllama_moe import backend
+
+    gpu = backend.gpu_available()
+    pp = [int(x) for x in args.pp.split(",")]
+    ub = [int(x) for x in args.ub.split(",")]
+    settings = [{}] + [{sw: "0"} for sw in args.switch]
+    rows: list[Row] = []
+    skipped = []
+    for name in names:
+        setup = SETUPS[name]
+        if (setup.needs_gpu or setup.cache_fraction) and not gpu:
+            skipped.append(name)
+            continue
+        for sw in settings:
+            print(f"bench: {name} {sw or ''}", file=sys.stderr, flush=True)
+            rows += measure(args.model, setup, sw, pp, ub, args.tg, args.reps)
+    bw = h2d_bandwidth() if gpu else {}
+    print(table(rows))
+    if bw:
+        print("\nhost-to-device copy: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()))
+    if skipped:
+        print(f"\nnot run without a GPU: {', '.join(skipped)}")
+    if args.json:
+        args.json.write_text(json.dumps({"model": str(args.model), "h2d_gbps": bw,
+                                         "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+    return 0

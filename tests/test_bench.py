@@ -1,0 +1,85 @@
+"""The bench harness: tool output parsing, the table, and a real run of the native tools on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pyllama_moe import bench
+
+BATCHED_OUT = """
+llama_moe_cache: ubatch <= 8: hits = 182, misses = 16, hit rate = 91.92%, uploaded = 0.05 MiB
+llama_moe_cache: ubatch  > 8: hits = 10, misses = 5, hit rate = 66.67%, uploaded = 1.50 MiB
+{"n_kv_max": 2208, "n_batch": 2048, "n_ubatch": 2048, "flash_attn": 1, "is_pp_shared": 0, "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16, "pp": 2048, "tg": 128, "pl": 1, "n_kv": 2176, "t_pp": 0.679, "speed_pp": 3015.2, "t_tg": 0.838, "speed_tg": 152.8, "t": 1.5, "speed": 1450.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pyllama_moe import synth
+
+    return synth.write_model(tmp_path_factory.mktemp("bench") / "tiny.gguf", "tiny", seed=3)
+
+
+def test_parse_cache_stats_and_jsonl() -> None:
+    stats = bench.parse_cache_stats(BATCHED_OUT)
+    assert stats["ubatch <= 8"] == {"hits": 182, "misses": 16, "hit_rate": 91.92, "uploaded_mib": 0.05}
+    assert stats["ubatch > 8"]["uploaded_mib"] == 1.5
+    rows = bench.parse_jsonl(BATCHED_OUT + "\n{broken\n")
+    assert len(rows) == 1 and rows[0]["speed_tg"] == 152.8
+
+
+def test_expert_bytes_match_the_writer(tiny: Path) -> None:
+    from pyllama_moe import synth
+
+    assert bench.expert_bytes(tiny) == synth.plan("tiny").expert_bytes > 0
+    with pytest.raises(ValueError, match="not a readable GGUF"):
+        bench.expert_bytes(Path(__file__))
+
+
+def test_cache_setup_runs_batched_bench_with_its_share(tiny: Path) -> None:
+    from pyllama_moe import synth
+
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake(cmd: list[str], env: dict[str, str]) -> str:
+        seen.append((cmd, env))
+        return BATCHED_OUT
+
+    rows = bench.measure(tiny, bench.SETUPS["cache-80"], {"GGML_SCHED_PREFETCH": "0"}, [2048], [512, 2048], 128, 1,
+                         run=fake)
+    assert len(seen) == 2  # one run per (prompt, ubatch)
+    cmd, env = seen[0]
+    assert Path(cmd[0]).name == "llama-batched-bench" and "--cpu-moe" in cmd
+    mib = int(cmd[cmd.index("--moe-cache-mib") + 1])
+    assert mib == max(1, int(synth.plan("tiny").expert_bytes * 0.8) >> 20)
+    assert env == {"GGML_SCHED_PREFETCH": "0"}
+    assert [(r.n_prompt, r.n_gen, r.tokens_per_s) for r in rows[:2]] == [(2048, 0, 3015.2), (0, 128, 152.8)]
+    assert rows[0].cache["ubatch <= 8"]["hit_rate"] == 91.92
+
+
+def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(tiny), "--setups", "cpu_moe-mmap,cpu_moe-none", "--pp", "64", "--ub", "32,64",
+                     "--tg", "4", "--reps", "1", "--switch", "LLAMA_EXAMPLE_SWITCH", "--json", str(out)])
+    assert rc == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    header, rule, *body = lines
+    assert header == "| setup | switches | pp64 ub32 | pp64 ub64 | tg4 | cache (decode) |"
+    assert rule.count("---") == 6
+    assert [b.split("|")[1:3] for b in body] == [
+        [" cpu_moe-mmap ", " - "], [" cpu_moe-mmap ", " LLAMA_EXAMPLE_SWITCH=0 "],
+        [" cpu_moe-none ", " - "], [" cpu_moe-none ", " LLAMA_EXAMPLE_SWITCH=0 "]]
+    for b in body:
+        cells = [c.strip() for c in b.split("|")[3:6]]
+        assert all(float(c) > 0 for c in cells), b
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == 4 * 3
+    assert {r["tool"] for r in data["rows"]} == {"llama-bench"}
+
+
+def test_unknown_setup_is_an_error(tiny: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench.main([str(tiny), "--setups", "nope"])
