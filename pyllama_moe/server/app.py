@@ -1,0 +1,277 @@
+"""The OpenAI-compatible HTTP API: completions, chat, embeddings, models, tokenizer extras, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from pyllama_moe.server.model import ModelPool, ServedModel
+from pyllama_moe.server.settings import ModelSettings, ServerSettings
+
+_DONE = object()
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    user: str | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] = ""
+    suffix: str | None = None
+    max_tokens: int | None = Field(default=16, ge=0)
+    temperature: float = 0.8
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    top_k: int = 40
+    stop: str | list[str] | None = None
+    stream: bool = False
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.1
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    grammar: str | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float = 0.2
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    top_k: int = 40
+    stop: str | list[str] | None = None
+    stream: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.1
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None
+
+
+class EmbeddingRequest(_Request):
+    input: str | list[str]
+
+
+class TokenizeRequest(_Request):
+    input: str
+
+
+class DetokenizeRequest(_Request):
+    tokens: list[int]
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
+
+
+def _bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    try:
+        return {int(k): v for k, v in bias.items()}
+    except ValueError:
+        raise ValueError("logit_bias keys must be token ids") from None
+
+
+def _completion_args(body: CompletionRequest) -> dict[str, Any]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise ValueError("one prompt per request")
+        prompt = prompt[0]
+    args = body.model_dump(exclude={"model", "n", "user", "prompt", "logit_bias", "grammar"}, exclude_none=True)
+    args["logit_bias"] = _bias(body.logit_bias)
+    if body.grammar is not None:
+        args["grammar"] = body.grammar
+    return {"prompt": prompt, **args}
+
+
+def _chat_args(body: ChatRequest) -> dict[str, Any]:
+    args = body.model_dump(exclude={"model", "n", "user", "logit_bias"}, exclude_none=True)
+    args["logit_bias"] = _bias(body.logit_bias)
+    return args
+
+
+def create_app(server: ServerSettings, models: list[ModelSettings], factory: Callable[..., Any] | None = None) -> FastAPI:
+    """The app; the models are loaded here (a model that fails to load fails the start)."""
+    pool = ModelPool(models, factory)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.close()
+
+    async def authorize(request: Request) -> None:
+        if server.api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        if not secrets.compare_digest(got.encode(), f"Bearer {server.api_key}".encode()):
+            raise PermissionError("missing or wrong API key (Authorization: Bearer <key>)")
+
+    app = FastAPI(title="pyllama-moe", lifespan=lifespan, dependencies=[Depends(authorize)])
+    app.state.pool = pool
+
+    @app.exception_handler(PermissionError)
+    async def _unauthorized(_: Request, e: PermissionError) -> JSONResponse:
+        return _error(401, str(e), "authentication_error")
+
+    @app.exception_handler(LookupError)
+    async def _not_found(_: Request, e: LookupError) -> JSONResponse:
+        return _error(404, str(e).strip("'\""), "model_not_found")
+
+    @app.exception_handler(ValueError)
+    async def _bad_value(_: Request, e: ValueError) -> JSONResponse:
+        return _error(400, str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}" for err in e.errors()]
+        return _error(400, "; ".join(parts) or "malformed request")
+
+    async def call(model: ServedModel, fn: Callable[[Any], Any]) -> Any:
+        if server.interrupt_requests:
+            model.stop.set()
+        return await anyio.to_thread.run_sync(model.run, fn)
+
+    def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]]) -> StreamingResponse:
+        """Server-sent events from a generator run alone on the model; a gone client stops it."""
+        if server.interrupt_requests:
+            model.stop.set()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        gone = threading.Event()
+
+        def produce(llama: Any) -> None:
+            it = make(llama)
+            try:
+                for chunk in it:
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                    model.stats.completion_tokens += 1
+                    if gone.is_set() or model.stop.is_set():
+                        break
+            except Exception as e:  # noqa: BLE001 - reported to the client as an SSE error event
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+                model.stats.requests += 1
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        worker = loop.run_in_executor(None, model.run, produce)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is _DONE:
+                        break
+                    if isinstance(item, Exception):
+                        yield f"data: {json.dumps({'error': {'message': str(item), 'type': 'server_error'}})}\n\n"
+                        break
+                    yield f"data: {json.dumps(item)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                gone.set()
+                await asyncio.shield(worker)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        model = pool.get(body.model)
+        args = _completion_args(body)
+        if body.stream:
+            return stream(model, lambda llama: llama.create_completion(**args))
+        result = await call(model, lambda llama: llama.create_completion(**args))
+        model.count(result.get("usage"))
+        return result
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest) -> Any:
+        model = pool.get(body.model)
+        args = _chat_args(body)
+        if body.stream:
+            return stream(model, lambda llama: llama.create_chat_completion(**args))
+        result = await call(model, lambda llama: llama.create_chat_completion(**args))
+        model.count(result.get("usage"))
+        return result
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> Any:
+        model = pool.get(body.model)
+        return await call(model, lambda llama: llama.create_embedding(body.input, model=model.settings.alias))
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": alias, "object": "model", "owned_by": "me", "permissions": []} for alias in pool.models]}
+
+    @app.post("/extras/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        model = pool.get(body.model)
+        return {"tokens": await call(model, lambda llama: llama.tokenize(body.input.encode(), special=True))}
+
+    @app.post("/extras/tokenize/count")
+    async def tokenize_count(body: TokenizeRequest) -> dict[str, Any]:
+        model = pool.get(body.model)
+        return {"count": len(await call(model, lambda llama: llama.tokenize(body.input.encode(), special=True)))}
+
+    @app.post("/extras/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        model = pool.get(body.model)
+        text = await call(model, lambda llama: llama.detokenize(body.tokens))
+        return {"text": text.decode("utf-8", errors="ignore")}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": list(pool.models)}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        lines = []
+        for alias, m in pool.models.items():
+            s, label = m.stats, f'{{model="{alias}"}}'
+            lines += [
+                f"pyllama_moe_requests_total{label} {s.requests}",
+                f"pyllama_moe_prompt_tokens_total{label} {s.prompt_tokens}",
+                f"pyllama_moe_completion_tokens_total{label} {s.completion_tokens}",
+                f"pyllama_moe_busy_seconds_total{label} {s.busy_seconds:.6f}",
+                f"pyllama_moe_tokens_per_second{label} {s.completion_tokens / s.busy_seconds if s.busy_seconds else 0:.3f}",
+            ]
+            stats = getattr(m.llama, "moe_cache_stats", None)
+            cache = stats() if callable(stats) else None
+            if cache and cache.get("hits", 0) + cache.get("misses", 0):
+                rate = cache["hits"] / (cache["hits"] + cache["misses"])
+                lines.append(f"pyllama_moe_moe_cache_hit_rate{label} {rate:.4f}")
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    return app

@@ -1,0 +1,136 @@
+"""Server and model settings, named as llama-cpp-python's server names them, plus the MoE controls."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelSettings(BaseSettings):
+    """One model: the keyword arguments of ``pyllama_moe.Llama`` that a server exposes."""
+
+    model_config = SettingsConfigDict(extra="forbid", protected_namespaces=(), env_prefix="PYLLAMA_MOE_")
+
+    model: str = Field(description="path to the GGUF model")
+    model_alias: str | None = Field(default=None, description="the name clients ask for (default: the path)")
+    # placement
+    n_gpu_layers: int = Field(default=0, description="layers on the GPU; -1 = all")
+    split_mode: int = Field(default=1, description="llama_split_mode: 0 none, 1 layer, 2 row")
+    main_gpu: int = 0
+    tensor_split: list[float] | None = None
+    use_mmap: bool = True
+    use_mlock: bool = False
+    kv_overrides: list[str] | None = Field(default=None, description="KEY=TYPE:VALUE, TYPE of bool/int/float/str")
+    # context
+    seed: int = 0xFFFFFFFF
+    n_ctx: int = 2048
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    embedding: bool = False
+    pooling_type: int = Field(default=-1, description="llama_pooling_type: -1 the model's, 0 none, 1 mean, 2 cls, 3 last")
+    offload_kqv: bool = True
+    flash_attn: bool = False
+    last_n_tokens_size: int = 64
+    chat_format: str | None = None
+    verbose: bool = True
+    # MoE and placement (pyllama-moe)
+    moe_cache_mib: int = Field(default=0, description="device cache for host-resident experts, MiB; 0 = off")
+    cpu_moe: bool = Field(default=False, description="keep every expert tensor in host memory")
+    n_cpu_moe: int = Field(default=0, description="keep the experts of the first N layers in host memory")
+    override_tensor: str | None = Field(default=None, description="llama.cpp -ot: PATTERN=BUFFER_TYPE,...")
+    load_mode: str | None = Field(default=None, description="auto, none, mmap, mlock, mmap_mlock, direct_io")
+    fit: bool = False
+
+    def llama_kwargs(self) -> dict[str, Any]:
+        kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides"})
+        if self.kv_overrides:
+            kw["kv_overrides"] = parse_kv_overrides(self.kv_overrides)
+        return kw
+
+    @property
+    def alias(self) -> str:
+        return self.model_alias or self.model
+
+
+class ServerSettings(BaseSettings):
+    """The HTTP side."""
+
+    model_config = SettingsConfigDict(extra="forbid", env_prefix="PYLLAMA_MOE_")
+
+    host: str = "localhost"
+    port: int = 8000
+    api_key: str | None = Field(default=None, description="required as 'Authorization: Bearer <key>' when set")
+    interrupt_requests: bool = Field(default=True, description="a new request stops a running stream")
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+
+
+class ConfigFile(ServerSettings):
+    """``--config_file``: the server settings and several models."""
+
+    models: list[ModelSettings] = Field(default_factory=list)
+
+
+def parse_kv_overrides(items: list[str]) -> dict[str, bool | int | float | str]:
+    out: dict[str, bool | int | float | str] = {}
+    for item in items:
+        key, sep, rest = item.partition("=")
+        kind, sep2, value = rest.partition(":")
+        if not sep or not sep2 or kind not in ("bool", "int", "float", "str"):
+            raise ValueError(f"kv_overrides: {item!r} is not KEY=TYPE:VALUE with TYPE bool, int, float or str")
+        out[key] = {"bool": lambda v: v.lower() in ("1", "true"), "int": int, "float": float, "str": str}[kind](value)
+    return out
+
+
+def _add_fields(parser: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = ()) -> None:
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        ann = field.annotation
+        text = str(ann)
+        kw: dict[str, Any] = {"dest": name, "help": field.description or "", "default": argparse.SUPPRESS}
+        if ann is bool:
+            kw["type"] = lambda v: v.lower() in ("1", "true", "yes", "on")
+        elif "list[float]" in text:
+            kw.update(type=float, nargs="+")
+        elif "list[str]" in text:
+            kw.update(type=str, nargs="+")
+        elif ann is int or text == "int | None":
+            kw["type"] = int
+        elif ann is float:
+            kw["type"] = float
+        parser.add_argument(f"--{name}", **kw)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ServerSettings, list[ModelSettings]]:
+    """llama-cpp-python's command line: the model and server fields as --flags, or --config_file."""
+    ap = argparse.ArgumentParser(prog="python -m pyllama_moe.server",
+                                 description="OpenAI-compatible server over pyllama_moe.Llama")
+    ap.add_argument("--config_file", type=Path, help="a JSON file: server settings and a 'models' list")
+    _add_fields(ap, ModelSettings)
+    _add_fields(ap, ServerSettings)
+    args = vars(ap.parse_args(argv))
+    config = args.pop("config_file", None)
+    server_keys = set(ServerSettings.model_fields)
+    if config is not None:
+        data = json.loads(config.read_text())
+        cfg = ConfigFile(**{**data, **{k: v for k, v in args.items() if k in server_keys}})
+        if not cfg.models:
+            ap.error(f"{config}: no models")
+        return ServerSettings(**cfg.model_dump(exclude={"models"})), cfg.models
+    if "model" not in args:
+        ap.error("--model (or --config_file) is required")
+    server = ServerSettings(**{k: v for k, v in args.items() if k in server_keys})
+    model = ModelSettings(**{k: v for k, v in args.items() if k not in server_keys})
+    return server, [model]
+
+
