@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 "$PY" scripts/vendor.py apply
 start=$(date +%s)
 "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
-    -C build-dir="$BUILD_DIR" .
+    -C build-dir="$BUILD_DIR" -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON .
 echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
 
 start=$(date +%s)

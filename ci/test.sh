@@ -12,7 +12,7 @@ echo "== vendor: llama.cpp pin + patches/series"
 echo "== build and install (pyllama-moe + patched llama.cpp)"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 start=$(date +%s)
-"$PY" -m pip install --disable-pip-version-check -q ".[test]"
+"$PY" -m pip install --disable-pip-version-check -q -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON ".[test]"
 echo "build + install: $(( $(date +%s) - start )) s"
 
 echo "== patch series round trip (export reproduces patches/ byte for byte)"
