@@ -285,13 +285,19 @@ def _am(lay: Layout, repo: Path) -> None:
     lay.log(f"applied {len(series(lay.patches))} patches")
 
 
-def apply(lay: Layout, force: bool = False) -> str:
-    """Make lay.dest equal to upstream + series. Returns what was done."""
+def apply(lay: Layout, force: bool = False, allow_local: bool = False) -> str:
+    """Make lay.dest equal to upstream + series. Returns what was done.
+
+    With ``allow_local`` (the build's call), a tree with work that is not exported yet is left as
+    it is and built: the developer is between a commit in vendor/llama.cpp and `export`.
+    """
     stamp = _read_stamp(lay.dest)
     want_series = series_hash(lay.patches)
     if lay.dest.exists() and stamp is not None:
         head = git(lay.dest, "rev-parse", "HEAD", check=False)
         local = head != stamp.get("head") or _dirty(lay.dest)
+        if local and allow_local and not force and stamp.get("pin") == lay.pin.key():
+            return "kept local changes that are not in patches/ (export them): building the tree as it is"
         if local and not force:
             raise VendorError(
                 f"{lay.dest} has commits or edits that are not in patches/: commit them there and run "
@@ -393,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vendor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["apply", "export", "check", "fetch", "series-hash"])
     ap.add_argument("--force", action="store_true", help="apply: throw away local changes in the tree")
+    ap.add_argument("--allow-local", action="store_true",
+                    help="apply: leave local changes that are not exported yet and build them (the build's call)")
     ap.add_argument("--pin", type=Path, default=DEFAULT_PIN)
     ap.add_argument("--patches", type=Path, default=DEFAULT_PATCHES)
     ap.add_argument("--dest", type=Path, default=DEFAULT_DEST)
@@ -402,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         lay = Layout(Pin.load(args.pin), args.patches.resolve(), args.dest.resolve(), args.cache.resolve(), args.quiet)
         if args.command == "apply":
-            lay.log(apply(lay, force=args.force))
+            lay.log(apply(lay, force=args.force, allow_local=args.allow_local))
         elif args.command == "export":
             export(lay)
         elif args.command == "check":

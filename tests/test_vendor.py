@@ -143,6 +143,9 @@ def test_local_work_is_never_thrown_away(lay: vendor.Layout) -> None:
         vendor.apply(lay)
     with pytest.raises(vendor.VendorError, match="differs"):
         vendor.check(lay)
+    # the build's call leaves the work there and builds it
+    assert vendor.apply(lay, allow_local=True).startswith("kept local changes")
+    assert vendor.git(lay.dest, "log", "-1", "--format=%s") == "third change"
     assert vendor.apply(lay, force=True) == "re-applied the series"
     assert (lay.dest / "src/llama.cpp").read_text() == "int x = 10;\nint y = 20;\n"
 
