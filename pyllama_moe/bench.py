@@ -182,6 +182,71 @@ def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
     return out
 
 
+# ---------------------------------------------------------------- Python overhead per token
+
+
+TYPICAL = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "repeat_penalty": 1.1, "seed": 42}
+
+
+def overhead(model: Path, n: int = 128, n_gpu_layers: int = 0, reps: int = 3) -> list[dict[str, float]]:
+    """``create_completion`` against a bare decode loop on the same context, in microseconds per token.
+
+    The bare loop is what generation cannot do without: one ``llama_decode`` and one greedy
+    ``llama_sampler_sample`` (argmax in C) per token, driven from Python through cffi. The prompt's
+    own evaluation is timed apart and subtracted. Best of ``reps`` runs each.
+    """
+    from pyllama_moe.ffi import ffi, lib
+    from pyllama_moe.llama import Llama
+
+    prompt = "The quick brown fox"
+    with Llama(str(model), n_ctx=n + 64, n_batch=64, n_ubatch=64, n_gpu_layers=n_gpu_layers, verbose=False) as llm:
+        tokens = llm.tokenize(prompt.encode())
+        ctx = llm.ctx
+        greedy = lib.llama_sampler_init_greedy()
+        arr, one = ffi.new("llama_token[]", tokens), ffi.new("llama_token[1]")
+
+        def bare() -> tuple[float, float, int]:
+            lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
+            t0 = time.perf_counter()
+            if lib.llama_decode(ctx, lib.llama_batch_get_one(arr, len(tokens))) != 0:
+                raise RuntimeError("llama_decode failed")
+            t1 = time.perf_counter()
+            for _ in range(n):
+                one[0] = lib.llama_sampler_sample(greedy, ctx, -1)
+                if lib.llama_decode(ctx, lib.llama_batch_get_one(one, 1)) != 0:
+                    raise RuntimeError("llama_decode failed")
+            return t1 - t0, time.perf_counter() - t1, n
+
+        def api(**kw: Any) -> tuple[float, int]:
+            lib.llama_memory_clear(lib.llama_get_memory(ctx), True)  # what the bare loop left there
+            llm.reset()
+            t0 = time.perf_counter()
+            res = llm.create_completion(tokens, max_tokens=n, **kw)
+            return time.perf_counter() - t0, res["usage"]["completion_tokens"]
+
+        try:
+            bare()  # warm-up
+            runs = [bare() for _ in range(reps)]
+            t_prompt = min(r[0] for r in runs)
+            per_bare = min(r[1] for r in runs) / n
+            rows = [{"path": "bare decode loop", "tokens": n, "us_per_token": per_bare * 1e6, "overhead_us": 0.0}]
+            for name, kw in (("create_completion greedy", {"temperature": 0.0}),
+                             ("create_completion typical", TYPICAL)):
+                best = min((api(**kw) for _ in range(reps)), key=lambda r: r[0] / max(r[1], 1))
+                per = (best[0] - t_prompt) / max(best[1], 1)
+                rows.append({"path": name, "tokens": best[1], "us_per_token": per * 1e6,
+                             "overhead_us": (per - per_bare) * 1e6})
+            return rows
+        finally:
+            lib.llama_sampler_free(greedy)
+
+
+def overhead_table(rows: list[dict[str, float]]) -> str:
+    out = ["| path | tokens | us/token | overhead us/token |", "|---|---|---|---|"]
+    out += [f"| {r['path']} | {r['tokens']} | {r['us_per_token']:.0f} | {r['overhead_us']:.0f} |" for r in rows]
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------- the table
 
 
@@ -225,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tg", type=int, default=128, help="tokens generated (default 128)")
     ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (default 2)")
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the Python overhead per token: create_completion vs a bare decode loop")
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="--overhead: layers on the GPU (default all)")
     args = ap.parse_args(argv)
 
     if not args.model.exists():
@@ -234,6 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"writing {args.preset} to {args.model} ...", file=sys.stderr, flush=True)
         synth.write_model(args.model, args.preset, progress=sys.stderr.isatty())
+    if args.overhead:
+        rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
+        print(overhead_table(rows_o))
+        if args.json:
+            args.json.write_text(json.dumps({"model": str(args.model), "overhead": rows_o}, indent=1))
+        return 0
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [n for n in names if n not in SETUPS]
     if unknown:

@@ -83,3 +83,12 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
 def test_unknown_setup_is_an_error(tiny: Path) -> None:
     with pytest.raises(SystemExit):
         bench.main([str(tiny), "--setups", "nope"])
+
+
+def test_overhead_rows(tiny: Path) -> None:
+    rows = bench.overhead(tiny, n=8, reps=1)
+    assert [r["path"] for r in rows] == ["bare decode loop", "create_completion greedy", "create_completion typical"]
+    assert all(r["tokens"] > 0 and r["us_per_token"] > 0 for r in rows)
+    assert rows[0]["overhead_us"] == 0.0
+    table = bench.overhead_table(rows).splitlines()
+    assert len(table) == 5 and table[0].startswith("| path |")
