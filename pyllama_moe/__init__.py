@@ -8,7 +8,38 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "data_file"]
+__all__ = [
+    "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaError", "LlamaGrammar",
+    "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError",
+    "StoppingCriteriaList", "__version__", "data_file",
+]
+
+# llama-cpp-python's public names, imported on first use (``import pyllama_moe`` stays cheap and
+# loads no native code)
+_LAZY = {
+    "Llama": "pyllama_moe.llama",
+    "LlamaGrammar": "pyllama_moe.sampler",
+    "LlamaState": "pyllama_moe.types",
+    "LogitsProcessorList": "pyllama_moe.types",
+    "StoppingCriteriaList": "pyllama_moe.types",
+    "LlamaRAMCache": "pyllama_moe.cache",
+    "LlamaCache": "pyllama_moe.cache",
+    "LlamaTokenizer": "pyllama_moe.vocab",
+    "LlamaError": "pyllama_moe.errors",
+    "ModelLoadError": "pyllama_moe.errors",
+    "ContextError": "pyllama_moe.errors",
+    "DecodeError": "pyllama_moe.errors",
+    "ClosedError": "pyllama_moe.errors",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pyllama_moe' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def _use_installed_native_parts() -> None:

@@ -13,8 +13,8 @@ What is declared:
 - the ggml / ggml-backend / gguf types that ``llama.h`` uses, and the ggml functions the bindings
   need (device registry, buffer types, type sizes, logging, timing, CPU features, gguf reading);
 - integer ``#define`` constants of those headers;
-- our C entry points into llama.cpp's common library (``_native/pyllama_moe_shim.h``: fit, memory
-  measurement, JSON schema to grammar), implemented in ``_native/shim.cpp``;
+- our C entry points into llama.cpp's common library (``_native/pyllama_moe_shim.h``: fit and memory
+  measurement), implemented in ``_native/shim.cpp``;
 - our Python callbacks (``_decl/*.h``), written by hand.
 """
 

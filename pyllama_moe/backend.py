@@ -8,16 +8,22 @@ decides what is shown.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import threading
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from pyllama_moe.errors import note_native_error
 from pyllama_moe.ffi import ffi, lib
 
 logger = logging.getLogger("pyllama_moe")
 
 _lock = threading.Lock()
 _ready = False
+_local = threading.local()  # .quiet: depth of verbosity(False) blocks on this thread
 _partial: list[str] = []  # a line that llama.cpp sends in pieces (GGML_LOG_LEVEL_CONT)
 _last_level = logging.INFO
 
@@ -40,8 +46,113 @@ def pyllama_moe_log_callback(level: int, text: bytes, user_data: object) -> None
     if msg.endswith("\n"):
         line = "".join(_partial).rstrip("\n")
         _partial.clear()
-        if line and logger.isEnabledFor(_last_level):
+        if line and _last_level >= logging.ERROR:
+            note_native_error(line)
+        if line and not getattr(_local, "quiet", 0) and logger.isEnabledFor(_last_level):
             logger.log(_last_level, "%s", line)
+
+
+@contextlib.contextmanager
+def verbosity(verbose: bool) -> Iterator[None]:
+    """Within the block, on this thread, llama.cpp's log is dropped unless ``verbose``.
+
+    Error lines are still recorded for the exceptions (``errors.note_native_error``).
+    """
+    if verbose:
+        yield
+        return
+    _local.quiet = getattr(_local, "quiet", 0) + 1
+    try:
+        yield
+    finally:
+        _local.quiet -= 1
+
+
+def quiet_iter(it: Generator[Any, Any, None], verbose: bool) -> Generator[Any, Any, None]:
+    """``it`` (values sent go through), each step run under ``verbosity(verbose)``: a stream is
+    consumed outside the call that made it."""
+    value = None
+    while True:
+        with verbosity(verbose):
+            try:
+                item = it.send(value) if value is not None else next(it)
+            except StopIteration:
+                return
+        value = yield item
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to the current ``sys.stderr`` (looked up at each record, so captures see it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # pragma: no cover - a closed or broken stream
+            self.handleError(record)
+
+
+_stderr_handler: _StderrHandler | None = None
+
+
+def show_log_on_stderr() -> None:
+    """``Llama(verbose=True)`` as in llama-cpp-python: llama.cpp's log is printed on stderr.
+
+    Only when the application configured no logging at all (no handler would receive the
+    ``pyllama_moe`` records); otherwise its configuration decides.
+    """
+    global _stderr_handler
+    if _stderr_handler is not None or logger.hasHandlers():
+        return
+    _stderr_handler = _StderrHandler(logging.INFO)
+    _stderr_handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(_stderr_handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+
+
+# -- callbacks from C into Python: user_data is a handle (ffi.new_handle) to a _Callback
+
+
+class _Callback:
+    """A Python callable that C calls through ``user_data``; an exception it raises is kept and
+    stops the C operation (the caller re-raises it with ``reraise()``)."""
+
+    def __init__(self, fn: Callable[..., bool]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+        self.stopped = False  # the callback asked C to stop
+        self.handle = ffi.new_handle(self)  # alive as long as this object
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+
+def callback(fn: Callable[..., bool]) -> _Callback:
+    """Wrap ``fn`` for ``pyllama_moe_progress_callback`` / ``pyllama_moe_abort_callback``."""
+    return _Callback(fn)
+
+
+@ffi.def_extern(error=False)
+def pyllama_moe_progress_callback(progress: float, user_data: Any) -> bool:
+    cb = ffi.from_handle(user_data)
+    try:
+        go_on = bool(cb.fn(progress))
+    except BaseException as e:  # noqa: BLE001 - kept and re-raised after the load stops
+        cb.error, go_on = e, False
+    cb.stopped = cb.stopped or not go_on
+    return go_on
+
+
+@ffi.def_extern(error=True)
+def pyllama_moe_abort_callback(user_data: Any) -> bool:
+    cb = ffi.from_handle(user_data)
+    try:
+        return bool(cb.fn())
+    except BaseException as e:  # noqa: BLE001 - kept and re-raised after the decode stops
+        cb.error = e
+        return True
 
 
 def init() -> None:
@@ -104,3 +215,16 @@ def devices() -> list[Device]:
 def gpu_available() -> bool:
     """Whether a GPU device (CUDA, ROCm, MUSA, ...) is usable."""
     return any(d.type in ("gpu", "igpu") for d in devices())
+
+
+def buffer_types() -> dict[str, Any]:
+    """Every buffer type a tensor can be placed in, by name (``CPU``, ``CUDA0``, ``CUDA_Host``...):
+    each device's own buffer type and its host buffer type, as ``-ot`` resolves them."""
+    init()
+    out: dict[str, Any] = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        for buft in (lib.ggml_backend_dev_buffer_type(dev), lib.ggml_backend_dev_host_buffer_type(dev)):
+            if buft != ffi.NULL:
+                out.setdefault(ffi.string(lib.ggml_backend_buft_name(buft)).decode(), buft)
+    return out

@@ -1,7 +1,14 @@
-"""Exceptions, and the one place where results of C calls are checked."""
+"""Exceptions, and the one place where results of C calls are checked.
+
+llama.cpp reports why a call failed only through its log; ``backend``'s log bridge records the
+error lines here (``note_native_error``), and the checks below add the lines logged since the call
+began (``native_mark``) to the exception's message.
+"""
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from typing import Any
 
 
@@ -13,8 +20,20 @@ class ModelLoadError(LlamaError):
     """The model file could not be loaded (missing, not a GGUF, truncated, unsupported)."""
 
 
+class ModelNotFoundError(ModelLoadError, ValueError, FileNotFoundError):
+    """The model path does not exist.
+
+    Also a ``ValueError`` (llama-cpp-python raises ``ValueError("Model path does not exist: ...")``)
+    and a ``FileNotFoundError``, so code written for either keeps working.
+    """
+
+
 class ContextError(LlamaError):
     """A context could not be created (out of memory, bad parameters)."""
+
+
+class ClosedError(LlamaError):
+    """An object was used after ``close()``."""
 
 
 class DecodeError(LlamaError):
@@ -32,16 +51,75 @@ DECODE_CODES = {
     -1: "invalid input batch",
 }
 
+# llama.cpp error lines, numbered, so a check can name the ones logged during its call
+_native_errors: deque[tuple[int, str]] = deque(maxlen=16)
+_counter = itertools.count(1)
+_last = 0
 
-def check_ptr(ptr: Any, error: type[LlamaError], message: str) -> Any:
-    """Return ``ptr`` unless it is NULL, in which case raise ``error(message)``."""
+
+def note_native_error(line: str) -> None:
+    """Record an error line of llama.cpp's log (called by the log bridge)."""
+    global _last
+    _last = next(_counter)
+    _native_errors.append((_last, line.strip()))
+
+
+def native_mark() -> int:
+    """A mark to pass to the checks: only error lines logged after it are quoted."""
+    return _last
+
+
+def _native_detail(since: int) -> str:
+    lines = list(dict.fromkeys(line for n, line in _native_errors if n > since))
+    return (": " + "; ".join(lines)) if lines else ""
+
+
+def check_ptr(ptr: Any, error: type[Exception], message: str, since: int | None = None) -> Any:
+    """Return ``ptr`` unless it is NULL, in which case raise ``error(message)``.
+
+    With ``since`` (a ``native_mark()``), the llama.cpp error lines logged since then are added.
+    """
     from pyllama_moe.ffi import ffi
 
     if ptr == ffi.NULL:
-        raise error(message)
+        raise error(message + (_native_detail(since) if since is not None else ""))
     return ptr
 
 
 def check_decode(code: int, what: str = "llama_decode") -> None:
     if code != 0:
         raise DecodeError(what, code)
+
+
+def check_size(n: int, expected: int, what: str) -> int:
+    """State functions return the bytes they copied: anything but ``expected`` is a failure."""
+    if n != expected:
+        raise LlamaError(f"{what} copied {n} bytes, expected {expected}")
+    return n
+
+
+def check_true(ok: bool, error: type[Exception], message: str, since: int | None = None) -> None:
+    """Raise ``error(message)`` when a C function returned false."""
+    if not ok:
+        raise error(message + (_native_detail(since) if since is not None else ""))
+
+
+def check_tokenize(n: int, capacity: int) -> int:
+    """``llama_tokenize``: >= 0 tokens written; < 0 minus the count needed (INT32_MIN on overflow)."""
+    if n == -(2**31):
+        raise ValueError("the text is too long to tokenize (more than 2**31 tokens)")
+    return n
+
+
+def check_fit_status(status: int, since: int) -> bool:
+    """``pyllama_moe_fit_params``: 0 fitted, 1 could not fit (parameters left as they were), 2 error."""
+    if status == 2:
+        raise ModelLoadError("fitting the parameters to device memory failed" + _native_detail(since))
+    return status == 0
+
+
+def check_closed(ptr: Any, what: str) -> Any:
+    """Return the handle unless the object was closed."""
+    if ptr is None:
+        raise ClosedError(f"this {what} has been closed; create a new one")
+    return ptr

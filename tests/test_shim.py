@@ -1,8 +1,7 @@
-"""Our C entry points into llama.cpp's common library (pyllama_moe/_native/shim.cpp)."""
+"""Our C entry points into llama.cpp's common library (pyllama_moe/_native/shim.cpp): fit and memory measurement."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,41 +15,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pyllama_moe import synth
 
     return synth.write_model(tmp_path_factory.mktemp("shim") / "tiny.gguf", "tiny", seed=2)
-
-
-def grammar(schema: object) -> str:
-    buf = ffi.new("char[]", 1 << 16)
-    n = lib.pyllama_moe_json_schema_to_grammar(json.dumps(schema).encode(), buf, 1 << 16)
-    assert n >= 0, ffi.string(buf).decode()
-    assert n < 1 << 16
-    return ffi.string(buf).decode()
-
-
-def test_json_schema_to_grammar_is_accepted_by_llama(tiny: Path) -> None:
-    g = grammar({"type": "object", "properties": {"answer": {"type": "integer"}, "why": {"type": "string"}},
-                 "required": ["answer"]})
-    assert g.startswith("answer-kv ::=") or "root ::=" in g
-    assert '"\\"answer\\""' in g  # the required key is spelled out
-    backend.init()
-    params = lib.llama_model_default_params()
-    params.vocab_only = True
-    model = lib.llama_model_load_from_file(str(tiny).encode(), params)
-    assert model != ffi.NULL
-    try:
-        smpl = lib.llama_sampler_init_grammar(lib.llama_model_get_vocab(model), g.encode(), b"root")
-        assert smpl != ffi.NULL
-        lib.llama_sampler_free(smpl)
-    finally:
-        lib.llama_model_free(model)
-
-
-def test_json_schema_errors_come_back_as_text() -> None:
-    buf = ffi.new("char[]", 1024)
-    assert lib.pyllama_moe_json_schema_to_grammar(b"{not json", buf, 1024) == -1
-    assert "parse error" in ffi.string(buf).decode()
-    # a too small buffer is never overrun, and the length says how much is needed
-    n = lib.pyllama_moe_json_schema_to_grammar(b'{"type": "string"}', buf, 8)
-    assert n > 7 and len(ffi.string(buf)) == 7
 
 
 def test_device_memory_measures_without_allocating(tiny: Path) -> None:

@@ -34,11 +34,6 @@ int32_t pyllama_moe_device_memory(
         int64_t * out,
         int32_t max_devices);
 
-/* json_schema_to_grammar: a llama.cpp GBNF grammar for a JSON schema (given as JSON text).
- * Returns the grammar's length (without the NUL); the grammar is written if it fits in buf_size.
- * On error returns -1 and writes the message to buf. */
-int32_t pyllama_moe_json_schema_to_grammar(const char * schema_json, char * buf, size_t buf_size);
-
 #ifdef __cplusplus
 }
 #endif

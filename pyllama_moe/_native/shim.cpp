@@ -3,11 +3,8 @@
 #include "pyllama_moe_shim.h"
 
 #include "fit.h"
-#include "json-schema-to-grammar.h"
-#include "json.h"
 
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -21,15 +18,6 @@ static void log_error(const char * func, const char * what) {
         const std::string msg = std::string(func) + ": " + what + "\n";
         cb(GGML_LOG_LEVEL_ERROR, msg.c_str(), ud);
     }
-}
-
-static int32_t copy_out(const std::string & s, char * buf, size_t buf_size) {
-    if (buf != nullptr && buf_size > 0) {
-        const size_t n = std::min(s.size(), buf_size - 1);
-        std::memcpy(buf, s.data(), n);
-        buf[n] = '\0';
-    }
-    return (int32_t) s.size();
 }
 
 int32_t pyllama_moe_fit_params(
@@ -72,15 +60,6 @@ int32_t pyllama_moe_device_memory(
         return n;
     } catch (const std::exception & e) {
         log_error(__func__, e.what());
-        return -1;
-    }
-}
-
-int32_t pyllama_moe_json_schema_to_grammar(const char * schema_json, char * buf, size_t buf_size) {
-    try {
-        return copy_out(json_schema_to_grammar(common_json::parse(schema_json)), buf, buf_size);
-    } catch (const std::exception & e) {
-        copy_out(e.what(), buf, buf_size);
         return -1;
     }
 }

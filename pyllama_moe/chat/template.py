@@ -1,0 +1,113 @@
+"""Chat templates (Jinja2, as in a GGUF's ``tokenizer.chat_template``) rendered as Hugging Face renders them.
+
+The environment is sandboxed and immutable (a template cannot reach Python internals or change the
+messages), with ``trim_blocks`` / ``lstrip_blocks`` and the loop controls (``{% break %}``) that
+transformers enables. Templates see ``messages``, ``bos_token``, ``eos_token``,
+``add_generation_prompt``, ``tools``, ``tool_choice``, ``functions``, ``function_call``, and the
+functions ``raise_exception(message)`` (raises ValueError) and ``strftime_now(format)``. The
+``tojson`` filter is transformers' (no key sorting, no HTML escaping, ``indent`` allowed), not
+Jinja's HTML-safe one, so that tool schemas appear in the prompt as the model was trained on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from pyllama_moe.chat.handler import (
+    ChatFormatterResponse,
+    LlamaChatCompletionHandler,
+    chat_formatter_to_chat_completion_handler,
+)
+
+__all__ = ["Jinja2ChatFormatter", "compile_template", "raise_exception", "strftime_now", "tojson"]
+
+
+def raise_exception(message: str) -> None:
+    """What a template calls to reject a conversation (e.g. roles that do not alternate)."""
+    raise ValueError(message)
+
+
+def strftime_now(fmt: str) -> str:
+    """The current local time formatted with ``fmt`` (templates put the date in system prompts)."""
+    return datetime.now().strftime(fmt)
+
+
+def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+           separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' ``tojson`` filter."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _environment(trim: bool) -> jinja2.Environment:
+    env = ImmutableSandboxedEnvironment(
+        loader=jinja2.BaseLoader(),
+        trim_blocks=trim,
+        lstrip_blocks=trim,
+        extensions=["jinja2.ext.loopcontrols"],
+        undefined=jinja2.Undefined if trim else jinja2.StrictUndefined,
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def compile_template(source: str, trim: bool = True) -> jinja2.Template:
+    """``source`` compiled in the sandbox (cached: a GGUF's template is compiled once per process).
+
+    ``trim=False`` keeps the newlines after block tags and makes undefined names errors: the
+    environment of templates written for it (``chatml-function-calling``'s).
+    """
+    return _environment(trim).from_string(source)
+
+
+class Jinja2ChatFormatter:
+    """A chat formatter that renders a Jinja2 chat template (llama-cpp-python's class of that name).
+
+    The prompt it returns holds the template's own special tokens (``added_special=True``: no BOS is
+    added when tokenizing) and stops at ``eos_token``. ``stop_token_ids`` is kept for
+    compatibility; generation already ends at the vocabulary's end-of-generation tokens.
+    """
+
+    def __init__(self, template: str, eos_token: str, bos_token: str, add_generation_prompt: bool = True,
+                 stop_token_ids: list[int] | None = None) -> None:
+        self.template = template
+        self.eos_token = eos_token
+        self.bos_token = bos_token
+        self.add_generation_prompt = add_generation_prompt
+        self.stop_token_ids = set(stop_token_ids) if stop_token_ids is not None else None
+        self._template = compile_template(template)
+
+    def render(self, messages: list[dict[str, Any]], **variables: Any) -> str:
+        """The template's text for ``messages`` (``variables`` override the defaults)."""
+        context: dict[str, Any] = {
+            "messages": messages,
+            "eos_token": self.eos_token,
+            "bos_token": self.bos_token,
+            "add_generation_prompt": self.add_generation_prompt,
+            "raise_exception": raise_exception,
+            "strftime_now": strftime_now,
+            "functions": None,
+            "function_call": None,
+            "tools": None,
+            "tool_choice": None,
+        }
+        context.update(variables)
+        return self._template.render(**context)
+
+    def __call__(self, *, messages: list[dict[str, Any]], functions: Any = None, function_call: Any = None,
+                 tools: Any = None, tool_choice: Any = None, **kwargs: Any) -> ChatFormatterResponse:
+        prompt = self.render(messages, functions=functions, function_call=function_call, tools=tools,
+                             tool_choice=tool_choice)
+        stop = [self.eos_token] if self.eos_token else None
+        return ChatFormatterResponse(prompt=prompt, stop=stop, added_special=True)
+
+    def to_chat_handler(self) -> LlamaChatCompletionHandler:
+        return chat_formatter_to_chat_completion_handler(self)

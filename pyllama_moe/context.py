@@ -1,0 +1,168 @@
+"""``Context``: owns one ``llama_context *``: decode, logits, embeddings, memory (KV) and state."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pyllama_moe import backend
+from pyllama_moe.batch import Batch
+from pyllama_moe.errors import (
+    ContextError,
+    LlamaError,
+    check_closed,
+    check_decode,
+    check_ptr,
+    check_size,
+    check_true,
+    native_mark,
+)
+from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.model import Model
+from pyllama_moe.params import ContextParams
+
+
+class Context:
+    def __init__(self, model: Model, params: ContextParams, *, verbose: bool = True) -> None:
+        self._ptr: Any = None
+        self._abort: Any = None
+        self.model = model  # freed after this context
+        self.verbose = verbose
+        mark = native_mark()
+        with backend.verbosity(verbose):
+            ptr = lib.llama_init_from_model(model.ptr, params.ptr[0])
+        self._ptr = check_ptr(ptr, ContextError, "cannot create the context", since=mark)
+        self._mem = lib.llama_get_memory(ptr)
+        self.n_vocab = model.vocab.n_tokens
+        self.n_embd = model.n_embd()
+
+    @property
+    def ptr(self) -> Any:
+        return check_closed(self._ptr, "context")
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            with backend.verbosity(self.verbose):
+                lib.llama_free(ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    # sizes
+    def n_ctx(self) -> int:
+        return int(lib.llama_n_ctx(self.ptr))
+
+    def n_batch(self) -> int:
+        return int(lib.llama_n_batch(self.ptr))
+
+    def n_ubatch(self) -> int:
+        return int(lib.llama_n_ubatch(self.ptr))
+
+    def n_seq_max(self) -> int:
+        return int(lib.llama_n_seq_max(self.ptr))
+
+    def pooling_type(self) -> int:
+        return int(lib.llama_pooling_type(self.ptr))
+
+    def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
+
+    # compute
+    def decode(self, batch: Batch) -> None:
+        check_decode(lib.llama_decode(self.ptr, batch.value))
+
+    def logits_ith(self, i: int = -1) -> np.ndarray:
+        """A copy of one output's logits (n_vocab floats)."""
+        p = check_ptr(lib.llama_get_logits_ith(self.ptr, i), LlamaError, f"no logits for output {i}")
+        return np.frombuffer(ffi.buffer(p, 4 * self.n_vocab), dtype=np.float32).copy()
+
+    def logits_rows(self, n: int) -> np.ndarray:
+        """A copy of the logits of the last decode's ``n`` outputs, in batch order (n x n_vocab)."""
+        p = check_ptr(lib.llama_get_logits(self.ptr), LlamaError, "no logits")
+        return np.frombuffer(ffi.buffer(p, 4 * self.n_vocab * n), dtype=np.float32).reshape(n, self.n_vocab).copy()
+
+    def embeddings_ith(self, i: int) -> np.ndarray:
+        p = check_ptr(lib.llama_get_embeddings_ith(self.ptr, i), LlamaError,
+                      f"no embeddings for output {i} (create the Llama with embedding=True)")
+        return np.frombuffer(ffi.buffer(p, 4 * self.n_embd), dtype=np.float32).copy()
+
+    def embeddings_seq(self, seq_id: int) -> np.ndarray:
+        p = check_ptr(lib.llama_get_embeddings_seq(self.ptr, seq_id), LlamaError,
+                      f"no pooled embeddings for sequence {seq_id} (pooling_type is none?)")
+        return np.frombuffer(ffi.buffer(p, 4 * self.n_embd), dtype=np.float32).copy()
+
+    # memory (the KV cache): llama_memory_*
+    def memory_clear(self, data: bool = True) -> None:
+        self.ptr  # noqa: B018 - raises once closed
+        lib.llama_memory_clear(self._mem, data)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        self.ptr  # noqa: B018
+        return bool(lib.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.ptr  # noqa: B018
+        lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.ptr  # noqa: B018
+        lib.llama_memory_seq_keep(self._mem, seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        self.ptr  # noqa: B018
+        lib.llama_memory_seq_add(self._mem, seq_id, p0, p1, delta)
+
+    def seq_pos_max(self, seq_id: int = 0) -> int:
+        self.ptr  # noqa: B018
+        return int(lib.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    # state
+    def state_get(self) -> bytes:
+        size = lib.llama_state_get_size(self.ptr)
+        buf = ffi.new("uint8_t[]", size)
+        n = lib.llama_state_get_data(self.ptr, buf, size)
+        if n > size:
+            check_size(n, size, "llama_state_get_data")
+        return ffi.buffer(buf, n)[:]
+
+    def state_set(self, data: bytes) -> None:
+        check_size(lib.llama_state_set_data(self.ptr, data, len(data)), len(data), "llama_state_set_data")
+
+    def state_save_file(self, path: str | os.PathLike[str], tokens: Sequence[int]) -> None:
+        arr = ffi.new("llama_token[]", list(tokens))
+        mark = native_mark()
+        check_true(lib.llama_state_save_file(self.ptr, os.fsencode(path), arr, len(tokens)), LlamaError,
+                   f"cannot save the state to {os.fspath(path)}", since=mark)
+
+    def state_load_file(self, path: str | os.PathLike[str], capacity: int) -> list[int]:
+        arr = ffi.new("llama_token[]", capacity)
+        count = ffi.new("size_t *")
+        mark = native_mark()
+        check_true(lib.llama_state_load_file(self.ptr, os.fsencode(path), arr, capacity, count), LlamaError,
+                   f"cannot load the state from {os.fspath(path)}", since=mark)
+        return list(ffi.unpack(arr, count[0]))
+
+    # timings
+    def perf(self) -> dict[str, float]:
+        d = lib.llama_perf_context(self.ptr)
+        return {k: getattr(d, k) for k in ("t_start_ms", "t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval")}
+
+    def perf_reset(self) -> None:
+        lib.llama_perf_context_reset(self.ptr)
+
+    def set_abort_callback(self, fn: Callable[[], bool] | None) -> None:
+        """Called during decode: returning True aborts it (``DecodeError`` code 2). Costs a call
+        into Python per graph step, so it is off unless asked for."""
+        if fn is None:
+            lib.llama_set_abort_callback(self.ptr, ffi.NULL, ffi.NULL)
+            self._abort = None
+        else:
+            self._abort = backend.callback(fn)
+            lib.llama_set_abort_callback(self.ptr, lib.pyllama_moe_abort_callback, self._abort.handle)

@@ -1,0 +1,566 @@
+"""``Llama``: llama-cpp-python 0.3.36's class over the patched library, with the MoE controls.
+
+Orchestration only: parameters come from ``params`` / ``moe``, the C handles are owned by
+``Model``, ``Context``, ``Batch`` and ``Sampler``, generation is ``completion``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+from pyllama_moe import backend, moe
+from pyllama_moe.batch import Batch
+from pyllama_moe.cache import longest_token_prefix
+from pyllama_moe.completion import Completion, Session, embed, logits_to_logprobs, make_request
+from pyllama_moe.context import Context
+from pyllama_moe.errors import ClosedError
+from pyllama_moe.ffi import lib
+from pyllama_moe.model import LoraAdapter, Model
+from pyllama_moe.vocab import LlamaTokenizer
+from pyllama_moe.params import ContextParams, ModelParams, check_int, load_mode
+from pyllama_moe.sampler import Sampler, SamplingParams
+from pyllama_moe.types import CreateEmbeddingResponse, LlamaState
+
+logger = logging.getLogger("pyllama_moe")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _open(fn: F) -> F:
+    """The method needs the Llama open (after ``close()`` it raises ``ClosedError``); llama.cpp's
+    log is dropped during the call unless the Llama is verbose."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Llama, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            raise ClosedError(f"Llama.{fn.__name__}: this Llama ({self.model_path}) has been closed")
+        with backend.verbosity(self.verbose):
+            return fn(self, *args, **kwargs)
+
+    return cast(F, wrapper)
+
+
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty",
+                  "presence_penalty", "mirostat_mode", "mirostat_tau", "mirostat_eta", "logit_bias", "grammar")
+
+
+class Llama:
+    """High-level model and context, as llama-cpp-python's ``Llama``; also a context manager."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        # model
+        n_gpu_layers: int = 0,
+        split_mode: int = lib.LLAMA_SPLIT_MODE_LAYER,
+        main_gpu: int = 0,
+        tensor_split: list[float] | None = None,
+        vocab_only: bool = False,
+        use_mmap: bool = True,
+        use_mlock: bool = False,
+        kv_overrides: dict[str, bool | int | float | str] | None = None,
+        # context
+        seed: int = lib.LLAMA_DEFAULT_SEED,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        rope_scaling_type: int | None = lib.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
+        pooling_type: int = lib.LLAMA_POOLING_TYPE_UNSPECIFIED,
+        attention_type: int = lib.LLAMA_ATTENTION_TYPE_UNSPECIFIED,
+        rope_freq_base: float = 0.0,
+        rope_freq_scale: float = 0.0,
+        yarn_ext_factor: float | None = None,
+        yarn_attn_factor: float | None = None,
+        yarn_beta_fast: float | None = None,
+        yarn_beta_slow: float | None = None,
+        yarn_orig_ctx: int = 0,
+        logits_all: bool = False,
+        embedding: bool = False,
+        offload_kqv: bool = True,
+        flash_attn: bool | None = False,
+        op_offload: bool | None = None,
+        swa_full: bool | None = None,
+        # sampling
+        no_perf: bool = False,
+        last_n_tokens_size: int = 64,
+        # LoRA
+        lora_base: str | None = None,
+        lora_scale: float = 1.0,
+        lora_path: str | None = None,
+        # backend
+        numa: bool | int = False,
+        # chat
+        chat_format: str | None = None,
+        chat_handler: Any = None,
+        draft_model: Any = None,
+        tokenizer: Any = None,
+        # KV cache
+        type_k: int | str | None = None,
+        type_v: int | str | None = None,
+        spm_infill: bool = False,
+        verbose: bool = True,
+        # MoE and placement (pyllama-moe)
+        moe_cache_mib: int | str = 0,
+        cpu_moe: bool = False,
+        n_cpu_moe: int = 0,
+        override_tensor: str | Mapping[str, str] | None = None,
+        load_mode: str | None = None,
+        fit: bool = False,
+        fit_target_mib: int | list[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Load ``model_path`` and create its context; llama-cpp-python 0.3.36's keywords and meanings,
+        except that the YaRN factors default to the model's values (None) rather than fixed numbers.
+
+        MoE and placement keywords (llama.cpp's options of the same meaning):
+            moe_cache_mib: device cache in MiB for the experts kept in host memory (0 off; ``"auto"``:
+                what the GPUs have left, measured); ignored with a warning without a GPU.
+            cpu_moe: keep every layer's experts in host memory (``--cpu-moe``).
+            n_cpu_moe: keep the experts of the first N layers in host memory (``--n-cpu-moe N``).
+            override_tensor: ``"pattern=BUFT,..."`` or ``{pattern: BUFT}`` (``-ot``), e.g. ``{"exps": "CPU"}``.
+            load_mode: ``"auto"``, ``"none"``, ``"mmap"``, ``"mlock"``, ``"mmap_mlock"``, ``"direct_io"``
+                (``--load-mode``); ``use_mmap`` / ``use_mlock`` map onto it when it is not given.
+            fit, fit_target_mib: fit the GPU layers, tensor split, overrides (and ``n_ctx=0``) to the
+                free device memory less ``fit_target_mib`` per device (``--fit``, ``--fit-target``).
+
+        Raises ValueError naming a bad parameter (``ModelNotFoundError``, also a ValueError, for a
+        missing file), ``ModelLoadError`` / ``ContextError`` with llama.cpp's reason otherwise.
+        """
+        self._closed = True  # until everything is made; close() is safe on a half-made Llama
+        self._handles: list[Any] = []
+        self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
+        self._init_kwargs.update(kwargs)
+        if kwargs:
+            logger.warning("Llama: ignoring unknown keyword arguments %s", ", ".join(sorted(kwargs)))
+        if draft_model is not None or tokenizer is not None:
+            raise ValueError("draft_model and tokenizer are not supported by pyllama-moe; leave them None")
+        self.verbose = verbose
+        if verbose:
+            backend.show_log_on_stderr()
+        backend.init()
+        self._init_numa(numa)
+        self.model_path = os.fspath(model_path)
+        self.tensor_split, self.kv_overrides = tensor_split, kv_overrides
+        self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
+        self.last_n_tokens_size = check_int("last_n_tokens_size", last_n_tokens_size, -1)
+        self.spm_infill = spm_infill
+        self._seed = check_int("seed", seed, -(2**63), 2**64 - 1)
+        self._logits_all = bool(logits_all)
+        self.cache: Any = None
+
+        self.model_params = self._model_params(locals())
+        cache = moe.cache_size(moe_cache_mib)
+        self.context_params = ContextParams(
+            n_ctx=n_ctx, n_batch=min(n_ctx, n_batch) if n_ctx else n_batch,
+            n_ubatch=min(n_ctx or n_batch, n_batch, n_ubatch), n_threads=n_threads, n_threads_batch=n_threads_batch,
+            rope_scaling_type=rope_scaling_type, pooling_type=pooling_type, attention_type=attention_type,
+            rope_freq_base=rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_ext_factor=yarn_ext_factor,
+            yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
+            yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
+            op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
+            moe_cache_size=cache if isinstance(cache, int) else 0,
+        )
+        self._fit(fit, fit_target_mib, cache)
+        self._load()
+        if verbose:
+            logger.info("%s", backend.system_info().strip())
+        self.chat_format = chat_format
+        self.chat_handler = chat_handler
+        self._chat_handlers: dict[str, Any] = {}
+        if chat_format is None and chat_handler is None:
+            self.chat_format = self._default_chat_format()
+
+    def _default_chat_format(self) -> str:
+        """llama-cpp-python's choice: the built-in format the GGUF's template is, else the template
+        itself, and ``llama-2`` for a model without one."""
+        if "tokenizer.chat_template" not in self.metadata:
+            return "llama-2"
+        try:
+            from pyllama_moe.chat.dispatch import guess_chat_format_from_gguf_metadata
+        except ImportError:  # pragma: no cover - a build without the chat package
+            return "chat_template.default"
+        return guess_chat_format_from_gguf_metadata(self.metadata) or "chat_template.default"
+
+    def _model_params(self, a: dict[str, Any]) -> ModelParams:
+        # llama-cpp-python turns mmap off under a LoRA adapter (it changes the weights in memory)
+        no_mmap = a["lora_path"] is not None and a["load_mode"] is None
+        mode = load_mode(a["load_mode"], a["use_mmap"] and not no_mmap, a["use_mlock"])
+        return ModelParams(
+            n_gpu_layers=a["n_gpu_layers"], split_mode=a["split_mode"], main_gpu=a["main_gpu"],
+            tensor_split=a["tensor_split"], vocab_only=a["vocab_only"], kv_overrides=a["kv_overrides"],
+            load_mode=mode, overrides=moe.placement_overrides(a["cpu_moe"], a["n_cpu_moe"], a["override_tensor"]),
+        )
+
+    @staticmethod
+    def _init_numa(numa: bool | int) -> None:
+        strategy = (lib.GGML_NUMA_STRATEGY_DISTRIBUTE if numa else lib.GGML_NUMA_STRATEGY_DISABLED) \
+            if isinstance(numa, bool) else numa
+        if strategy != lib.GGML_NUMA_STRATEGY_DISABLED:
+            lib.llama_numa_init(strategy)
+
+    def _fit(self, fit: bool, fit_target_mib: int | list[int] | None, cache: int | str) -> None:
+        if not isinstance(fit, bool):
+            raise ValueError(f"fit must be True or False, got {fit!r}")
+        path = self.model_path.encode()
+        if fit:
+            # llama-cpp-python's n_gpu_layers=0 default would stop the fit: "unset" is the library's -1
+            if self.model_params.ptr.n_gpu_layers == 0:
+                self.model_params.ptr.n_gpu_layers = lib.llama_model_default_params().n_gpu_layers
+            with backend.verbosity(self.verbose):
+                moe.fit(path, self.model_params, self.context_params, fit_target_mib, self.verbose)
+        if cache == "auto":
+            with backend.verbosity(self.verbose):
+                self.context_params.ptr.moe_cache_size = moe.auto_cache_size(
+                    path, self.model_params, self.context_params, fit_target_mib)
+
+    def _load(self) -> None:
+        try:
+            self._model = self._own(Model(self.model_path, self.model_params, verbose=self.verbose))
+            cp = self.context_params.ptr
+            if cp.n_ctx == 0:  # the model's
+                cp.n_ctx = self._model.n_ctx_train()
+                cp.n_batch = min(cp.n_ctx, cp.n_batch)
+                cp.n_ubatch = min(cp.n_batch, cp.n_ubatch)
+            self.n_batch = int(cp.n_batch)
+            self.n_threads, self.n_threads_batch = int(cp.n_threads), int(cp.n_threads_batch)
+            # the adapter is freed after the context that uses it (handles close in reverse)
+            lora = self._own(LoraAdapter(self._model, self.lora_path)) if self.lora_path else None
+            self._ctx = self._own(Context(self._model, self.context_params, verbose=self.verbose))
+            self._batch = self._own(Batch(self.n_batch))
+            if lora is not None:
+                lora.apply(self._ctx, self.lora_scale)
+        except BaseException:
+            self._closed = False
+            self.close()
+            raise
+        self._vocab = self._model.vocab
+        self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all)
+        self._n_vocab, self._n_ctx = self._vocab.n_tokens, self._session.n_ctx
+        self._token_nl, self._token_eos = self._vocab.nl(), self._vocab.eos()
+        self._sampler: Sampler | None = None
+        self.metadata = self._model.metadata()
+        self._closed = False
+
+    def _own(self, handle: Any) -> Any:
+        self._handles.append(handle)
+        return handle
+
+    # lifetime
+    def close(self) -> None:
+        """Free the sampler, batch, context and model (idempotent)."""
+        self._closed = True
+        sampler = getattr(self, "_sampler", None)
+        if sampler is not None:
+            sampler.close()
+        for handle in reversed(getattr(self, "_handles", [])):
+            handle.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __enter__(self) -> Llama:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The constructor's arguments (as llama-cpp-python): unpickling loads the model again."""
+        state = dict(self._init_kwargs)
+        state["seed"] = self._seed
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    # accessors
+    @property
+    def ctx(self) -> Any:
+        return self._ctx.ptr
+
+    @property
+    def model(self) -> Any:
+        return self._model.ptr
+
+    @property
+    def n_tokens(self) -> int:
+        return self._session.n_tokens
+
+    @n_tokens.setter
+    def n_tokens(self, value: int) -> None:
+        self._session.n_tokens = value
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self._session.input_ids
+
+    @input_ids.setter
+    def input_ids(self, value: np.ndarray) -> None:
+        self._session.input_ids[:len(value)] = value
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self._session.scores
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return self.input_ids[:self.n_tokens]
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.scores[:self.n_tokens, :]
+
+    @property
+    def eval_tokens(self) -> Any:
+        from collections import deque
+
+        return deque(self._input_ids.tolist(), maxlen=self._n_ctx)
+
+    @property
+    def eval_logits(self) -> Any:
+        from collections import deque
+
+        rows = self._scores if self._logits_all else self._scores[-1:]
+        return deque(rows.tolist(), maxlen=self._n_ctx if self._logits_all else 1)
+
+    @_open
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx()
+
+    @_open
+    def n_embd(self) -> int:
+        return self._model.n_embd()
+
+    @_open
+    def n_vocab(self) -> int:
+        return self._vocab.n_tokens
+
+    @_open
+    def token_eos(self) -> int:
+        return self._vocab.eos()
+
+    @_open
+    def token_bos(self) -> int:
+        return self._vocab.bos()
+
+    @_open
+    def token_nl(self) -> int:
+        return self._vocab.nl()
+
+    @_open
+    def pooling_type(self) -> int:
+        return self._ctx.pooling_type()
+
+    # tokens
+    @_open
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._vocab.tokenize(text, add_bos, special)
+
+    @_open
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        return self._vocab.detokenize(list(tokens), special)
+
+    def set_cache(self, cache: Any) -> None:
+        """A ``LlamaRAMCache``: completions start from the cached state sharing most of the prompt."""
+        self.cache = cache
+
+    def set_seed(self, seed: int) -> None:
+        self._seed = check_int("seed", seed, -(2**63), 2**64 - 1)
+
+    @_open
+    def reset(self) -> None:
+        """Forget the evaluated tokens (the next prompt is evaluated from the start)."""
+        self._session.reset()
+
+    # low level: llama-cpp-python's eval / sample / generate
+    @_open
+    def eval(self, tokens: Sequence[int]) -> None:
+        self._session.eval(tokens)
+
+    def _sampling(self, args: dict[str, Any]) -> SamplingParams:
+        """SamplingParams from the arguments of ``sample`` / ``generate`` (``temp`` is the temperature)."""
+        kw = {k: v for k, v in args.items() if k in _SAMPLING_KEYS}
+        return SamplingParams(temperature=args["temp"], seed=self._seed, penalty_last_n=self.last_n_tokens_size, **kw)
+
+    @_open
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor: Any = None,
+               grammar: Any = None, idx: int | None = None) -> int:
+        """Sample a token from the last evaluated logits (or those of position ``idx``)."""
+        if self.n_tokens <= 0:
+            raise ValueError("sample: nothing has been evaluated")
+        params = self._sampling(locals())
+        sampler = self._sampler or Sampler(self._vocab.ptr, self._n_vocab, params)
+        try:
+            ridx = idx - self.n_tokens if idx is not None else -1
+            if logits_processor is not None:
+                return sampler.sample_logits(logits_processor(self._input_ids, self._ctx.logits_ith(ridx)))
+            return int(sampler.sample(self._ctx.ptr, ridx))
+        finally:
+            if sampler is not self._sampler:
+                sampler.close()
+
+    @_open
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
+                 grammar: Any = None) -> Iterator[int]:
+        """Yield sampled tokens after ``tokens`` forever (the caller stops)."""
+        params = self._sampling(locals())
+        self._session.prepare(tokens, reset)
+        steps = self._generate(Sampler(self._vocab.ptr, self._n_vocab, params), logits_processor, stopping_criteria)
+        return backend.quiet_iter(steps, self.verbose)
+
+    def _generate(self, sampler: Sampler, logits_processor: Any,
+                  stopping_criteria: Any) -> Generator[int, Sequence[int] | None, None]:
+        steps = self._session.generate(sampler, logits_processor=logits_processor,
+                                       stopping_criteria=stopping_criteria)
+        try:
+            sent = None
+            while True:
+                try:
+                    token, _ = steps.send(sent) if sent is not None else next(steps)
+                except StopIteration:
+                    return
+                sent = yield token
+        finally:
+            steps.close()
+            sampler.close()
+
+    # completions
+    @_open
+    def create_completion(
+        self,
+        prompt: str | list[int],
+        suffix: str | None = None,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: int | None = None,
+        echo: bool = False,
+        stop: str | list[str] | None = [],  # noqa: B006 - llama-cpp-python's signature
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: int | None = None,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        stopping_criteria: Any = None,
+        logits_processor: Any = None,
+        grammar: Any = None,
+        logit_bias: dict[int, float] | None = None,
+    ) -> Any:
+        """Generate text from a prompt: a ``text_completion`` dict, or an iterator of chunks with ``stream``."""
+        sampling = {k: v for k, v in locals().items() if k in _SAMPLING_KEYS}
+        req = make_request(self, prompt, suffix=suffix, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                           echo=echo, seed=seed, model=model, logits_processor=logits_processor,
+                           stopping_criteria=stopping_criteria, sampling=sampling)
+        job = Completion(self, req)
+        return backend.quiet_iter(job.chunks(), self.verbose) if stream else job.result()
+
+    def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:
+        return self.create_completion(prompt, *args, **kwargs)
+
+    @_open
+    def create_chat_completion(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        """A ``chat.completion`` (or its chunks with ``stream=True``) with the model's chat format."""
+        from pyllama_moe import chat
+
+        return chat.create_chat_completion(self, messages=messages, **kwargs)
+
+    # embeddings
+    @_open
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False) -> Any:
+        """Embeddings of a text or texts: a vector per text, or per token with pooling none."""
+        if not self.context_params.ptr.embeddings:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        data, total = embed(self, [input] if isinstance(input, str) else list(input), normalize, truncate)
+        out = data[0] if isinstance(input, str) else data
+        return (out, total) if return_count else out
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> CreateEmbeddingResponse:
+        embeds, total = self.embed(input, return_count=True)
+        if isinstance(input, str):
+            embeds = [embeds]
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+            "model": model if model is not None else self.model_path,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        }
+
+    # state
+    @_open
+    def save_state(self) -> LlamaState:
+        data = self._ctx.state_get()
+        n = self.n_tokens
+        scores = self._scores.copy() if self._logits_all else np.zeros((0, self._n_vocab), dtype=np.single)
+        return LlamaState(input_ids=self.input_ids.copy(), scores=scores, n_tokens=n, llama_state=data,
+                          llama_state_size=len(data), seed=self._seed)
+
+    @_open
+    def load_state(self, state: LlamaState) -> None:
+        self._ctx.state_set(state.llama_state[:state.llama_state_size])
+        n = state.n_tokens
+        self._session.input_ids[:] = 0
+        self._session.input_ids[:n] = state.input_ids[:n]
+        if self._logits_all and len(state.scores):
+            self.scores[:n] = state.scores[:n]
+        self._session.n_tokens = n
+        self._seed = state.seed
+
+    # llama-cpp-python's static helpers
+    logits_to_logprobs = staticmethod(logits_to_logprobs)
+
+    longest_token_prefix = staticmethod(longest_token_prefix)
+
+    def tokenizer(self) -> LlamaTokenizer:
+        return LlamaTokenizer(self)
+
+    def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any) -> Any:
+        """``create_chat_completion`` as the ``openai`` package's types (it must be installed)."""
+        try:
+            from openai.types.chat import ChatCompletion, ChatCompletionChunk
+        except ImportError as e:
+            raise ImportError("create_chat_completion_openai_v1 needs the openai package: pip install openai") from e
+        if kwargs.get("stream", False):
+            return (ChatCompletionChunk(**chunk) for chunk in self.create_chat_completion(*args, **kwargs))
+        return ChatCompletion(**self.create_chat_completion(*args, **kwargs))
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None, additional_files: list[str] | None = None,
+                        local_dir: str | os.PathLike[str] | None = None, local_dir_use_symlinks: Any = "auto",
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Llama:
+        """Download ``filename`` (a glob) of a Hugging Face repository and load it (needs huggingface-hub)."""
+        from pyllama_moe.hub import download
+
+        return cls(model_path=download(repo_id, filename, additional_files, local_dir, cache_dir), **kwargs)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"n_ctx={self._n_ctx}"
+        return f"<pyllama_moe.Llama {self.model_path!r} {state}>"

@@ -1,0 +1,184 @@
+"""``Model``: owns one ``llama_model *``, loaded from a GGUF file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pyllama_moe import backend
+from pyllama_moe.errors import ModelLoadError, ModelNotFoundError, check_closed, check_ptr, check_true, native_mark
+from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.params import ModelParams
+from pyllama_moe.vocab import Vocab
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _check_file(path: str) -> None:
+    """Clear errors before llama.cpp sees the file: missing, a folder, not a GGUF."""
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"Model path does not exist: {path}")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"Model path is not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+
+
+class _ProgressBar:
+    """tqdm over the load when it is installed, verbose is on and stderr is a terminal."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=100, desc="loading", unit="%", file=sys.stderr, leave=False)
+
+    def __call__(self, progress: float) -> bool:
+        self.bar.update(round(progress * 100) - self.bar.n)
+        return True
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress_bar(verbose: bool) -> _ProgressBar | None:
+    if not verbose or not getattr(sys.stderr, "isatty", lambda: False)():
+        return None
+    try:
+        return _ProgressBar()
+    except ImportError:
+        return None
+
+
+class Model:
+    """A loaded model (``llama_model_load_from_file``), freed by ``close()``."""
+
+    def __init__(self, path: str | os.PathLike[str], params: ModelParams, *, verbose: bool = True,
+                 progress: Callable[[float], bool] | None = None) -> None:
+        """``progress(fraction)`` is called during the load (returning False aborts it); by default a
+        progress bar when verbose on a terminal."""
+        self._ptr: Any = None
+        self.path = os.fspath(path)
+        _check_file(self.path)
+        backend.init()
+        bar = _progress_bar(verbose) if progress is None else None
+        fn = progress or bar
+        cb = backend.callback(fn) if fn is not None else None
+        if cb is not None:
+            params.set_progress(cb.handle)
+        mark = native_mark()
+        try:
+            with backend.verbosity(verbose):
+                ptr = lib.llama_model_load_from_file(self.path.encode(), params.ptr[0])
+        finally:
+            if bar is not None:
+                bar.close()
+        if cb is not None:
+            cb.reraise()
+        if cb is not None and cb.stopped:
+            check_ptr(ptr, ModelLoadError, f"loading {self.path} was cancelled by the progress callback")
+        self._ptr = check_ptr(ptr, ModelLoadError, f"cannot load the model {self.path}", since=mark)
+        self.vocab = Vocab(self)
+
+    @property
+    def ptr(self) -> Any:
+        return check_closed(self._ptr, "model")
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            lib.llama_model_free(ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def n_ctx_train(self) -> int:
+        return int(lib.llama_model_n_ctx_train(self.ptr))
+
+    def n_embd(self) -> int:
+        return int(lib.llama_model_n_embd(self.ptr))
+
+    def n_layer(self) -> int:
+        return int(lib.llama_model_n_layer(self.ptr))
+
+    def size(self) -> int:
+        return int(lib.llama_model_size(self.ptr))
+
+    def n_params(self) -> int:
+        return int(lib.llama_model_n_params(self.ptr))
+
+    def has_encoder(self) -> bool:
+        return bool(lib.llama_model_has_encoder(self.ptr))
+
+    def desc(self) -> str:
+        buf = ffi.new("char[]", 256)
+        n = lib.llama_model_desc(self.ptr, buf, 256)
+        return ffi.string(buf, max(n, 0)).decode("utf-8", errors="replace")
+
+    def chat_template(self, name: str | None = None) -> str | None:
+        p = lib.llama_model_chat_template(self.ptr, name.encode() if name else ffi.NULL)
+        return None if p == ffi.NULL else ffi.string(p).decode("utf-8", errors="replace")
+
+    def _meta_string(self, fn: Any, i: int) -> str:
+        size = 256
+        while True:
+            buf = ffi.new("char[]", size)
+            n = fn(self.ptr, i, buf, size)
+            if n < size:  # the length, or -1 (no such entry: empty)
+                return ffi.string(buf, max(n, 0)).decode("utf-8", errors="replace")
+            size = n + 1
+
+    def metadata(self) -> dict[str, str]:
+        """The GGUF's scalar key/value pairs as strings (``llama_model_meta_*``), as llama-cpp-python."""
+        out = {}
+        for i in range(lib.llama_model_meta_count(self.ptr)):
+            key = self._meta_string(lib.llama_model_meta_key_by_index, i)
+            out[key] = self._meta_string(lib.llama_model_meta_val_str_by_index, i)
+        return out
+
+    # llama-cpp-python's LlamaModel accessors, for code written against ``Llama._model``
+    def token_get_text(self, token: int) -> str:
+        return self.vocab.get_text(token)
+
+    def token_bos(self) -> int:
+        return self.vocab.bos()
+
+    def token_eos(self) -> int:
+        return self.vocab.eos()
+
+    def n_vocab(self) -> int:
+        return self.vocab.n_tokens
+
+
+class LoraAdapter:
+    """A LoRA adapter (``llama_adapter_lora_init``) on a model; freed by ``close()`` (before the model)."""
+
+    def __init__(self, model: Model, path: str) -> None:
+        self._ptr: Any = None
+        if not os.path.exists(path):
+            raise ValueError(f"lora_path does not exist: {path}")
+        self.model = model
+        mark = native_mark()
+        self._ptr = check_ptr(lib.llama_adapter_lora_init(model.ptr, os.fsencode(path)), ModelLoadError,
+                              f"cannot load the LoRA adapter {path}", since=mark)
+
+    def apply(self, ctx: Any, scale: float) -> None:
+        adapters = ffi.new("struct llama_adapter_lora *[1]", [check_closed(self._ptr, "LoRA adapter")])
+        scales = ffi.new("float[1]", [scale])
+        check_true(lib.llama_set_adapters_lora(ctx.ptr, adapters, 1, scales) == 0, ModelLoadError,
+                   "cannot apply the LoRA adapter to the context")
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None and not self.model.closed:
+            lib.llama_adapter_lora_free(ptr)

@@ -1,0 +1,159 @@
+"""MoE placement and cache knobs: ``cpu_moe``, ``n_cpu_moe``, ``override_tensor``, ``moe_cache_mib``, ``fit``.
+
+The placement knobs become ``tensor_buft_overrides`` exactly as llama.cpp's common arguments
+build them (common/common.h, common/arg.cpp): ``--cpu-moe`` is one override
+``LLM_FFN_EXPS_REGEX -> CPU``; ``--n-cpu-moe N`` is one override per layer ``blk\\.<i><regex>``
+for i < N; ``-ot`` is ``pattern=BUFT[,pattern=BUFT...]`` with the buffer type looked up by name.
+The first pattern that matches a tensor wins (src/llama-model-loader.cpp), so the explicit
+``override_tensor`` entries come first, then ``cpu_moe``, then ``n_cpu_moe``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pyllama_moe import backend
+from pyllama_moe.errors import check_fit_status, native_mark
+from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int
+
+logger = logging.getLogger("pyllama_moe")
+
+# common/common.h: LLM_FFN_EXPS_REGEX and llm_ffn_block_regex
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+MIB = 1024 * 1024
+FIT_TARGET_MIB = 1024  # common/common.h: fit_params_target, per device
+FIT_N_CTX_MIN = 4096  # common/common.h: fit_params_min_ctx
+
+
+def block_regex(il: int) -> str:
+    return f"blk\\.{il}{FFN_EXPS_REGEX}"
+
+
+def _buft(name: str) -> Any:
+    bufts = backend.buffer_types()
+    if name not in bufts:
+        raise ValueError(f"override_tensor: unknown buffer type {name!r}; known: {', '.join(sorted(bufts))}")
+    return bufts[name]
+
+
+def _pattern(p: Any) -> bytes:
+    if not isinstance(p, str) or not p:
+        raise ValueError(f"override_tensor: a pattern must be a non-empty string, got {p!r}")
+    try:
+        re.compile(p)
+    except re.error as e:
+        raise ValueError(f"override_tensor: {p!r} is not a valid regular expression: {e}") from None
+    return p.encode()
+
+
+def parse_override_tensor(value: str | Mapping[str, str] | None) -> list[tuple[bytes, Any]]:
+    """``-ot`` syntax ``"pattern=BUFT,pattern2=BUFT2"`` or a dict ``{pattern: BUFT}``."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        pairs = []
+        for item in value.split(","):
+            if "=" not in item:
+                raise ValueError(f"override_tensor: expected pattern=BUFFER_TYPE, got {item!r}")
+            pattern, name = item.split("=", 1)  # common splits at the first '='
+            pairs.append((pattern, name))
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        raise ValueError(f"override_tensor must be a 'pattern=BUFT,...' string or a dict, got {value!r}")
+    return [(_pattern(p), _buft(n)) for p, n in pairs]
+
+
+def placement_overrides(cpu_moe: bool = False, n_cpu_moe: int = 0,
+                        override_tensor: str | Mapping[str, str] | None = None) -> list[tuple[bytes, Any]]:
+    """The ``tensor_buft_overrides`` for the placement keywords, in the order they take effect."""
+    check_bool("cpu_moe", cpu_moe)
+    check_int("n_cpu_moe", n_cpu_moe, 0)
+    out = parse_override_tensor(override_tensor)
+    if cpu_moe or n_cpu_moe:
+        cpu = lib.ggml_backend_cpu_buffer_type()
+        if cpu_moe:
+            out.append((FFN_EXPS_REGEX.encode(), cpu))
+        out += [(block_regex(il).encode(), cpu) for il in range(n_cpu_moe)]
+    return out
+
+
+def cache_size(moe_cache_mib: int | str) -> int | str:
+    """Bytes of the device MoE cache, or ``"auto"``; 0 disables it.
+
+    Without a GPU, upstream's cache fails the context (llama_moe_cache: "MoE cache requires a GPU
+    backend"); as llama.cpp does for ``-ngl`` without a GPU, the knob is then ignored with a warning.
+    """
+    if moe_cache_mib == "auto":
+        if not fit_available():
+            raise ValueError("moe_cache_mib='auto' needs the native fit support (pyllama_moe_fit_params and "
+                             "pyllama_moe_device_memory), which this build lacks; give a size in MiB")
+        return "auto"
+    size = check_int("moe_cache_mib", moe_cache_mib, 0, 2**44) * MIB
+    if size and not backend.gpu_available():
+        logger.warning("moe_cache_mib=%d ignored: the MoE cache needs a GPU and none is available", moe_cache_mib)
+        return 0
+    return size
+
+
+def fit_available() -> bool:
+    return hasattr(lib, "pyllama_moe_fit_params") and hasattr(lib, "pyllama_moe_device_memory")
+
+
+def _margins(fit_target_mib: int | list[int] | None) -> Any:
+    n = lib.llama_max_devices()
+    target = FIT_TARGET_MIB if fit_target_mib is None else fit_target_mib
+    values = target if isinstance(target, (list, tuple)) else [target] * n
+    if len(values) > n:
+        raise ValueError(f"fit_target_mib: at most {n} values (one per device), got {len(values)}")
+    values = [check_int("fit_target_mib", v, 0) * MIB for v in values]
+    return ffi.new("size_t[]", values + [values[-1] if values else 0] * (n - len(values)))
+
+
+def fit(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mib: int | list[int] | None,
+        verbose: bool) -> bool:
+    """Upstream's ``common_fit_params``: set the GPU layers, tensor split and overrides (and n_ctx if 0)
+    that fit the devices' free memory minus ``fit_target_mib`` per device.
+
+    Returns whether a fit was found; when not, the parameters are left as they were (as llama.cpp
+    then loads them). Only parameters left at the library's defaults are changed.
+    """
+    if not fit_available():
+        raise ValueError("fit=True needs the native fit support (pyllama_moe_fit_params), which this build "
+                         "lacks; rebuild the package or leave fit=False")
+    split = ffi.new("float[]", lib.llama_max_devices())
+    overrides = ffi.new("struct llama_model_tensor_buft_override[]", lib.llama_max_tensor_buft_overrides())
+    margins = _margins(fit_target_mib)
+    mparams._keep += [split, overrides, margins]
+    level = lib.GGML_LOG_LEVEL_INFO if verbose else lib.GGML_LOG_LEVEL_ERROR
+    mark = native_mark()
+    status = lib.pyllama_moe_fit_params(path, mparams.ptr, cparams.ptr, split, overrides, margins,
+                                        FIT_N_CTX_MIN, level)
+    ok = check_fit_status(status, mark)
+    if not ok:
+        logger.warning("fit: no placement fits the free device memory; loading with the parameters as given")
+    return ok
+
+
+def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
+                    fit_target_mib: int | list[int] | None) -> int:
+    """``moe_cache_mib="auto"``: what the GPUs have left after the model, context and compute
+    buffers of this placement (measured without allocating), less the fit margin."""
+    n = lib.llama_max_devices()
+    out = ffi.new("int64_t[]", 5 * n)
+    mark = native_mark()
+    count = lib.pyllama_moe_device_memory(path, mparams.ptr, cparams.ptr, out, n)
+    if count < 0:
+        check_fit_status(2, mark)
+    margins = _margins(fit_target_mib)
+    size = 0
+    for d in range(count - 1):  # the GPUs; the last entry is host memory
+        _total, free, model, context, compute = (int(out[5 * d + k]) for k in range(5))
+        size += max(0, free - int(margins[d]) - model - context - compute)
+    logger.info("moe_cache_mib=auto: %d MiB", size // MIB)
+    return size
+

@@ -1,0 +1,263 @@
+"""Python <-> C parameters: ``struct llama_model_params`` and ``struct llama_context_params``.
+
+Each builder starts from ``llama_*_default_params()`` and sets only what the caller gave; a bad
+value raises ``ValueError`` naming the parameter. The C memory the structs point to (tensor
+split, overrides, kv overrides, pattern strings) is kept by the params object: keep it alive as
+long as the struct is used (the model load).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyllama_moe.ffi import ffi, lib
+
+# llama_load_mode_from_str aborts the process on an unknown name: names are checked here first
+LOAD_MODES = {
+    "auto": "auto", "none": "none", "mmap": "mmap", "mlock": "mlock",
+    "mmap_mlock": "mmap+mlock", "mmap+mlock": "mmap+mlock", "direct_io": "dio", "dio": "dio",
+}
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
+KV_KEY_MAX = 127  # struct llama_model_kv_override: char key[128], char val_str[128]
+
+
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+        raise ValueError(f"{name} must be in {bounds}, got {value}")
+    return value
+
+
+def check_float(name: str, value: Any, lo: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _enum(name: str, value: Any, allowed: Mapping[str, int]) -> int:
+    """An enum given by its C value or its name (case-insensitive)."""
+    if isinstance(value, str) and value.lower() in allowed:
+        return allowed[value.lower()]
+    if not isinstance(value, bool) and isinstance(value, int) and value in allowed.values():
+        return value
+    raise ValueError(f"{name} must be one of {', '.join(allowed)} (or their values), got {value!r}")
+
+
+def ggml_type(name: str, value: Any) -> int:
+    """A ggml type (KV cache ``type_k`` / ``type_v``) by value or name (``"q8_0"``, ``"f16"``)."""
+    types = {}
+    for t in range(lib.GGML_TYPE_COUNT):
+        p = lib.ggml_type_name(t)
+        if p != ffi.NULL and lib.ggml_type_size(t) > 0:
+            types[ffi.string(p).decode()] = t
+    return _enum(name, value, types)
+
+
+def load_mode(value: str | None, use_mmap: bool, use_mlock: bool) -> int | None:
+    """``load_mode`` by name, or llama-cpp-python's ``use_mmap`` / ``use_mlock`` mapped onto it.
+
+    None means the library's default (``auto``: mmap unless a device cannot use it), which is
+    what ``use_mmap=True, use_mlock=False`` (llama-cpp-python's defaults) asked for.
+    """
+    check_bool("use_mmap", use_mmap)
+    check_bool("use_mlock", use_mlock)
+    if value is not None:
+        if not isinstance(value, str) or value.lower() not in LOAD_MODES:
+            raise ValueError(f"load_mode must be one of {', '.join(LOAD_MODES)}, got {value!r}")
+        if not use_mmap or use_mlock:
+            raise ValueError("load_mode replaces use_mmap/use_mlock: give one or the other")
+        return int(lib.llama_load_mode_from_str(LOAD_MODES[value.lower()].encode()))
+    if use_mmap and use_mlock:
+        return int(lib.LLAMA_LOAD_MODE_MMAP_MLOCK)
+    if use_mlock:
+        return int(lib.LLAMA_LOAD_MODE_MLOCK)
+    if not use_mmap:
+        return int(lib.LLAMA_LOAD_MODE_NONE)
+    return None
+
+
+def load_mode_name(mode: int) -> str:
+    return ffi.string(lib.llama_load_mode_name(mode)).decode()
+
+
+class ModelParams:
+    """A ``struct llama_model_params`` and the C memory it points to."""
+
+    def __init__(
+        self,
+        *,
+        n_gpu_layers: int = 0,
+        split_mode: int | str = 1,
+        main_gpu: int = 0,
+        tensor_split: Sequence[float] | None = None,
+        vocab_only: bool = False,
+        load_mode: int | None = None,
+        kv_overrides: Mapping[str, bool | int | float | str] | None = None,
+        overrides: Sequence[tuple[bytes, Any]] = (),
+        check_tensors: bool = False,
+    ) -> None:
+        self._keep: list[Any] = []
+        p = self.ptr = ffi.new("struct llama_model_params *", lib.llama_model_default_params())
+        p.n_gpu_layers = check_int("n_gpu_layers", n_gpu_layers, -(2**31), 2**31 - 1)
+        p.split_mode = _enum("split_mode", split_mode, SPLIT_MODES)
+        p.main_gpu = check_int("main_gpu", main_gpu, 0)
+        if load_mode is not None:
+            p.load_mode = load_mode
+        p.vocab_only = check_bool("vocab_only", vocab_only)
+        p.check_tensors = check_bool("check_tensors", check_tensors)
+        if tensor_split is not None:
+            self.set_tensor_split(tensor_split)
+        if kv_overrides:
+            self._set_kv_overrides(kv_overrides)
+        if overrides:
+            self.set_overrides(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        """The C fields read as attributes (``llm.model_params.n_gpu_layers``, as llama-cpp-python)."""
+        if name == "ptr":
+            raise AttributeError(name)
+        return getattr(self.ptr, name)
+
+    def set_tensor_split(self, split: Sequence[float]) -> None:
+        n = lib.llama_max_devices()
+        if isinstance(split, (str, bytes)) or not isinstance(split, Sequence) or len(split) > n:
+            raise ValueError(f"tensor_split must be a list of at most {n} numbers, got {split!r}")
+        arr = ffi.new("float[]", [check_float("tensor_split", x, 0.0) for x in split] + [0.0] * (n - len(split)))
+        self._keep.append(arr)
+        self.ptr.tensor_split = arr
+
+    def set_overrides(self, overrides: Sequence[tuple[bytes, Any]]) -> None:
+        """Tensor name patterns (regular expressions) and the buffer type for the tensors that match."""
+        if len(overrides) >= lib.llama_max_tensor_buft_overrides():
+            raise ValueError(f"too many tensor overrides ({len(overrides)}): at most "
+                             f"{lib.llama_max_tensor_buft_overrides() - 1}")
+        arr = ffi.new("struct llama_model_tensor_buft_override[]", len(overrides) + 1)  # zeroed: sentinel
+        for i, (pattern, buft) in enumerate(overrides):
+            s = ffi.new("char[]", pattern)
+            self._keep.append(s)
+            arr[i].pattern = s
+            arr[i].buft = buft
+        self._keep.append(arr)
+        self.ptr.tensor_buft_overrides = arr
+
+    def _set_kv_overrides(self, kv: Mapping[str, bool | int | float | str]) -> None:
+        if not isinstance(kv, Mapping):
+            raise ValueError(f"kv_overrides must be a dict of GGUF key -> value, got {kv!r}")
+        arr = ffi.new("struct llama_model_kv_override[]", len(kv) + 1)  # zeroed key: sentinel
+        for i, (k, v) in enumerate(kv.items()):
+            key = k.encode() if isinstance(k, str) else b""
+            if not key or len(key) > KV_KEY_MAX:
+                raise ValueError(f"kv_overrides: key must be a string of 1..{KV_KEY_MAX} bytes, got {k!r}")
+            arr[i].key = key
+            if isinstance(v, bool):
+                arr[i].tag, arr[i].val_bool = lib.LLAMA_KV_OVERRIDE_TYPE_BOOL, v
+            elif isinstance(v, int):
+                value = check_int(f"kv_overrides[{k!r}]", v, -(2**63), 2**63 - 1)
+                arr[i].tag, arr[i].val_i64 = lib.LLAMA_KV_OVERRIDE_TYPE_INT, value
+            elif isinstance(v, float):
+                arr[i].tag, arr[i].val_f64 = lib.LLAMA_KV_OVERRIDE_TYPE_FLOAT, v
+            elif isinstance(v, str) and len(v.encode()) <= KV_KEY_MAX:
+                arr[i].tag, arr[i].val_str = lib.LLAMA_KV_OVERRIDE_TYPE_STR, v.encode()
+            else:
+                raise ValueError(f"kv_overrides[{k!r}] must be a bool, int, float or a string of at most "
+                                 f"{KV_KEY_MAX} bytes, got {v!r}")
+        self._keep.append(arr)
+        self.ptr.kv_overrides = arr
+
+    def set_progress(self, handle: Any) -> None:
+        """Report the load's progress to ``backend``'s progress callback with this handle."""
+        self.ptr.progress_callback = lib.pyllama_moe_progress_callback
+        self.ptr.progress_callback_user_data = handle
+        self._keep.append(handle)
+
+
+class ContextParams:
+    """A ``struct llama_context_params`` from llama-cpp-python's context keywords."""
+
+    def __init__(
+        self,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_ubatch: int,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        n_seq_max: int = 1,
+        rope_scaling_type: int | None = None,
+        pooling_type: int = -1,
+        attention_type: int = -1,
+        rope_freq_base: float = 0.0,
+        rope_freq_scale: float = 0.0,
+        yarn_ext_factor: float | None = None,
+        yarn_attn_factor: float | None = None,
+        yarn_beta_fast: float | None = None,
+        yarn_beta_slow: float | None = None,
+        yarn_orig_ctx: int = 0,
+        embedding: bool = False,
+        offload_kqv: bool = True,
+        flash_attn: bool | None = False,
+        op_offload: bool | None = None,
+        swa_full: bool | None = None,
+        no_perf: bool = False,
+        type_k: int | str | None = None,
+        type_v: int | str | None = None,
+        moe_cache_size: int = 0,
+    ) -> None:
+        p = self.ptr = ffi.new("struct llama_context_params *", lib.llama_context_default_params())
+        p.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
+        p.n_batch = check_int("n_batch", n_batch, 1, 2**32 - 1)
+        p.n_ubatch = check_int("n_ubatch", n_ubatch, 1, 2**32 - 1)
+        p.n_seq_max = check_int("n_seq_max", n_seq_max, 1, lib.llama_max_parallel_sequences())
+        cpus = os.cpu_count() or 1
+        # llama-cpp-python's defaults: half the cores for generation, all of them for batches
+        p.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None else max(cpus // 2, 1)
+        p.n_threads_batch = check_int("n_threads_batch", n_threads_batch, 1) if n_threads_batch is not None else cpus
+        if rope_scaling_type is not None:
+            p.rope_scaling_type = check_int("rope_scaling_type", rope_scaling_type, -1,
+                                            lib.LLAMA_ROPE_SCALING_TYPE_MAX_VALUE)
+        p.pooling_type = check_int("pooling_type", pooling_type, -1, lib.LLAMA_POOLING_TYPE_RANK)
+        p.attention_type = check_int("attention_type", attention_type, -1, 1)
+        p.rope_freq_base = check_float("rope_freq_base", rope_freq_base, 0.0)
+        p.rope_freq_scale = check_float("rope_freq_scale", rope_freq_scale, 0.0)
+        # None: the library's default (read from the model)
+        for name, value in (("yarn_ext_factor", yarn_ext_factor), ("yarn_attn_factor", yarn_attn_factor),
+                            ("yarn_beta_fast", yarn_beta_fast), ("yarn_beta_slow", yarn_beta_slow)):
+            if value is not None:
+                setattr(p, name, check_float(name, value))
+        p.yarn_orig_ctx = check_int("yarn_orig_ctx", yarn_orig_ctx, 0, 2**32 - 1)
+        p.embeddings = check_bool("embedding", embedding)
+        p.offload_kqv = check_bool("offload_kqv", offload_kqv)
+        if flash_attn is None:
+            p.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_AUTO
+        else:
+            p.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if check_bool("flash_attn", flash_attn)
+                                 else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        if op_offload is not None:
+            p.op_offload = check_bool("op_offload", op_offload)
+        if swa_full is not None:
+            p.swa_full = check_bool("swa_full", swa_full)
+        p.no_perf = check_bool("no_perf", no_perf)
+        if type_k is not None:
+            p.type_k = ggml_type("type_k", type_k)
+        if type_v is not None:
+            p.type_v = ggml_type("type_v", type_v)
+        p.moe_cache_size = check_int("moe_cache_size", moe_cache_size, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        """The C fields read as attributes (``llm.model_params.n_gpu_layers``, as llama-cpp-python)."""
+        if name == "ptr":
+            raise AttributeError(name)
+        return getattr(self.ptr, name)

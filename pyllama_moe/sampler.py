@@ -1,0 +1,198 @@
+"""``Sampler``: owns one ``llama_sampler`` chain, built once per request from ``SamplingParams``.
+
+The chain is llama-cpp-python 0.3's: logit bias, penalties, grammar, then greedy (temperature
+<= 0), mirostat, or top-k, typical, top-p, min-p, temperature and a seeded draw.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pyllama_moe.errors import check_closed, check_ptr, native_mark
+from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.params import check_float, check_int
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class LlamaGrammar:
+    """A GBNF grammar (llama-cpp-python's ``LlamaGrammar``); ``grammar=`` also takes the text itself."""
+
+    def __init__(self, *args: Any, _grammar: str, root: str = "root", **kwargs: Any) -> None:
+        self._grammar = _grammar
+        self._root = root
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
+        return cls(_grammar=grammar)
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> LlamaGrammar:
+        """The grammar of a JSON schema (given as JSON text); see pyllama_moe.chat.grammar."""
+        from pyllama_moe.chat.grammar import SchemaError, json_schema_to_gbnf
+
+        try:
+            return cls(_grammar=json_schema_to_gbnf(json_schema))
+        except SchemaError as e:
+            raise ValueError(f"json_schema: {e}") from e
+
+    @classmethod
+    def from_file(cls, file: str | os.PathLike[str], verbose: bool = True) -> LlamaGrammar:
+        with open(file, encoding="utf-8") as f:
+            return cls(_grammar=f.read())
+
+
+def grammar_text(grammar: Any) -> tuple[str, str] | None:
+    """(text, root rule) of a ``grammar=`` argument: a GBNF string or a LlamaGrammar-like object."""
+    if grammar is None:
+        return None
+    if isinstance(grammar, str):
+        return grammar, "root"
+    text = getattr(grammar, "_grammar", None)
+    if isinstance(text, str):
+        return text, getattr(grammar, "_root", "root") or "root"
+    raise ValueError(f"grammar must be a GBNF string or a LlamaGrammar, got {grammar!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    mirostat_mode: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    seed: int = DEFAULT_SEED
+    logit_bias: Mapping[int, float] | None = field(default=None)
+    grammar: Any = None
+
+    def __post_init__(self) -> None:
+        check_float("temperature", self.temperature)
+        check_int("top_k", self.top_k)
+        for name in ("top_p", "min_p", "typical_p", "mirostat_tau", "mirostat_eta"):
+            check_float(name, getattr(self, name))
+        check_float("repeat_penalty", self.repeat_penalty)
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        check_float("frequency_penalty", self.frequency_penalty)
+        check_float("presence_penalty", self.presence_penalty)
+        check_int("last_n_tokens_size", self.penalty_last_n, -1)
+        check_int("mirostat_mode", self.mirostat_mode, 0, 2)
+        check_int("seed", self.seed, -(2**63), 2**64 - 1)
+        if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
+            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+        grammar_text(self.grammar)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+class Sampler:
+    def __init__(self, vocab_ptr: Any, n_vocab: int, params: SamplingParams) -> None:
+        self._ptr: Any = None
+        self.n_vocab = n_vocab
+        self._cur: Any = None
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        self._ptr = chain
+        try:
+            self._build(vocab_ptr, params)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, smpl: Any) -> None:
+        lib.llama_sampler_chain_add(self._ptr, smpl)  # the chain owns it from here
+
+    def _build(self, vocab: Any, p: SamplingParams) -> None:
+        if p.logit_bias:
+            items = []
+            for tok, bias in p.logit_bias.items():
+                tok = int(tok)
+                if not 0 <= tok < self.n_vocab:
+                    raise ValueError(f"logit_bias: token {tok} is not in the vocabulary (0..{self.n_vocab - 1})")
+                items.append((tok, check_float(f"logit_bias[{tok}]", bias) if abs(bias) != float("inf") else bias))
+            arr = ffi.new("llama_logit_bias[]", items)
+            self._add(lib.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
+        if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            self._add(lib.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, p.repeat_penalty,
+                                                       p.frequency_penalty, p.presence_penalty))
+        g = grammar_text(p.grammar)
+        if g is not None:
+            mark = native_mark()
+            smpl = check_ptr(lib.llama_sampler_init_grammar(vocab, g[0].encode(), g[1].encode()), _GrammarError,
+                             "grammar: cannot parse the grammar", since=mark)
+            self._add(smpl)
+        seed = p.seed & 0xFFFFFFFF
+        if p.greedy:
+            self._add(lib.llama_sampler_init_greedy())
+        elif p.mirostat_mode == 1:  # llama-cpp-python: mirostat alone, without the temperature
+            self._add(lib.llama_sampler_init_mirostat(self.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100))
+        elif p.mirostat_mode == 2:
+            self._add(lib.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+        else:
+            self._add(lib.llama_sampler_init_top_k(p.top_k))
+            self._add(lib.llama_sampler_init_typical(p.typical_p, 1))
+            self._add(lib.llama_sampler_init_top_p(p.top_p, 1))
+            self._add(lib.llama_sampler_init_min_p(p.min_p, 1))
+            self._add(lib.llama_sampler_init_temp(p.temperature))
+            self._add(lib.llama_sampler_init_dist(seed))
+
+    @property
+    def ptr(self) -> Any:
+        return check_closed(self._ptr, "sampler")
+
+    def sample(self, ctx_ptr: Any, idx: int = -1) -> int:
+        """Sample from output ``idx`` of the context's last decode and accept the token: one call."""
+        return lib.llama_sampler_sample(self._ptr, ctx_ptr, idx)
+
+    def sample_logits(self, logits: np.ndarray) -> int:
+        """Sample from logits given by Python (after logits processors) and accept the token."""
+        if self._cur is None:
+            self._cur = ffi.new("llama_token_data[]", self.n_vocab)
+            self._view = np.frombuffer(ffi.buffer(self._cur), dtype=_TOKEN_DATA)
+            self._arr = ffi.new("llama_token_data_array *")
+        self._view["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self._view["logit"] = logits
+        self._view["p"] = 0.0
+        arr = self._arr
+        arr.data, arr.size, arr.selected, arr.sorted = self._cur, self.n_vocab, -1, False
+        lib.llama_sampler_apply(self.ptr, arr)
+        if not 0 <= arr.selected < arr.size:
+            raise _GrammarError("the sampler chain selected no token (the grammar allows none?)")
+        token = int(arr.data[arr.selected].id)
+        lib.llama_sampler_accept(self._ptr, token)
+        return token
+
+    def accept(self, token: int) -> None:
+        lib.llama_sampler_accept(self.ptr, token)
+
+    def reset(self) -> None:
+        lib.llama_sampler_reset(self.ptr)
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            lib.llama_sampler_free(ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class _GrammarError(ValueError):
+    """The grammar does not parse (a ValueError naming ``grammar``)."""

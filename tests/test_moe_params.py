@@ -1,0 +1,173 @@
+"""The MoE and placement keywords reach the C parameters, and the library acts on them (its log)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from pyllama_moe import backend, moe
+from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.llama import Llama
+
+from llama_models import model_path
+
+OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
+
+
+@pytest.fixture(scope="module")
+def path() -> Path:
+    return model_path("qwen3moe")
+
+
+def load_log(caplog: pytest.LogCaptureFixture, path: Path, **kw: object) -> tuple[list[str], Llama]:
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="pyllama_moe"):
+        llm = Llama(str(path), n_ctx=64, verbose=True, **kw)
+    return [r.getMessage() for r in caplog.records], llm
+
+
+def overridden(lines: list[str]) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in map(OVERRIDDEN.search, lines) if m}
+
+
+def patterns(llm: Llama) -> list[str]:
+    p = llm.model_params.ptr.tensor_buft_overrides
+    out, i = [], 0
+    while p != ffi.NULL and p[i].pattern != ffi.NULL:
+        out.append(ffi.string(p[i].pattern).decode())
+        i += 1
+    return out
+
+
+EXPERTS = {f"blk.{il}.ffn_{w}_exps.weight" for il in (0, 1) for w in ("up", "down", "gate")}
+
+
+def test_cpu_moe(caplog: pytest.LogCaptureFixture, path: Path) -> None:
+    lines, llm = load_log(caplog, path, cpu_moe=True)
+    with llm:
+        assert patterns(llm) == [r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"]  # common's LLM_FFN_EXPS_REGEX
+        assert llm.model_params.ptr.tensor_buft_overrides[0].buft == lib.ggml_backend_cpu_buffer_type()
+    assert set(overridden(lines)) == EXPERTS
+
+
+def test_n_cpu_moe(caplog: pytest.LogCaptureFixture, path: Path) -> None:
+    lines, llm = load_log(caplog, path, n_cpu_moe=1)
+    with llm:
+        assert patterns(llm) == [r"blk\.0\.ffn_(up|down|gate|gate_up)_(ch|)exps"]
+    assert set(overridden(lines)) == {t for t in EXPERTS if t.startswith("blk.0.")}
+
+
+@pytest.mark.parametrize("value", [r"blk\.1\.ffn_up_exps=CPU", {r"blk\.1\.ffn_up_exps": "CPU"}])
+def test_override_tensor(caplog: pytest.LogCaptureFixture, path: Path, value: object) -> None:
+    lines, llm = load_log(caplog, path, override_tensor=value)
+    llm.close()
+    # to CPU, the loader may pick the CPU's repacking buffer type (q4_0 on x86)
+    assert list(overridden(lines)) == ["blk.1.ffn_up_exps.weight"]
+    assert overridden(lines)["blk.1.ffn_up_exps.weight"] in ("CPU", "CPU_REPACK")
+
+
+def test_override_order_explicit_first(path: Path) -> None:
+    with Llama(str(path), n_ctx=64, verbose=False, override_tensor=r"attn_q=CPU,attn_k=CPU", cpu_moe=True,
+               n_cpu_moe=2) as llm:
+        assert patterns(llm) == ["attn_q", "attn_k", moe.FFN_EXPS_REGEX, moe.block_regex(0), moe.block_regex(1)]
+
+
+def test_pickle_keeps_the_moe_keywords(path: Path) -> None:
+    import pickle
+
+    with Llama(str(path), n_ctx=64, verbose=False, n_cpu_moe=1, override_tensor={"attn_q": "CPU"},
+               load_mode="none") as llm:
+        with pickle.loads(pickle.dumps(llm)) as copy:
+            assert patterns(copy) == patterns(llm) == ["attn_q", moe.block_regex(0)]
+            assert copy.model_params.load_mode == lib.LLAMA_LOAD_MODE_NONE
+
+
+@pytest.mark.parametrize("value, match", [
+    ("blk=NOPE", r"unknown buffer type 'NOPE'; known: .*CPU"),
+    ("blk", "expected pattern=BUFFER_TYPE"),
+    ("(unclosed=CPU", "not a valid regular expression"),
+    ({"": "CPU"}, "non-empty string"),
+    (42, "override_tensor must be"),
+])
+def test_override_tensor_errors(path: Path, value: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Llama(str(path), override_tensor=value, verbose=False)
+
+
+@pytest.mark.parametrize("mode, buffer", [("none", "CPU"), ("mmap", "CPU_Mapped")])
+def test_load_mode(caplog: pytest.LogCaptureFixture, path: Path, mode: str, buffer: str) -> None:
+    lines, llm = load_log(caplog, path, load_mode=mode)
+    llm.close()
+    assert any(f"(load_mode = {mode})" in line for line in lines)
+    sizes = [line.split("model buffer size")[0].split()[-1] for line in lines if "model buffer size" in line]
+    assert buffer in sizes and (buffer == "CPU_Mapped") == ("CPU_Mapped" in sizes)
+
+
+def test_use_mmap_false_is_load_mode_none(caplog: pytest.LogCaptureFixture, path: Path) -> None:
+    lines, llm = load_log(caplog, path, use_mmap=False)
+    llm.close()
+    assert any("(load_mode = none)" in line for line in lines)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"load_mode": "fast"}, "load_mode must be one of"),
+    ({"load_mode": "mmap", "use_mmap": False}, "load_mode replaces use_mmap"),
+    ({"cpu_moe": "yes"}, "cpu_moe must be True or False"),
+    ({"n_cpu_moe": -1}, "n_cpu_moe must be in"),
+    ({"moe_cache_mib": -5}, "moe_cache_mib must be in"),
+    ({"moe_cache_mib": 1.5}, "moe_cache_mib must be an integer"),
+    ({"fit": "yes"}, "fit must be True or False"),
+])
+def test_bad_moe_values(path: Path, kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Llama(str(path), verbose=False, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(backend.gpu_available(), reason="the CPU-only behaviour")
+def test_moe_cache_without_gpu_warns_and_runs(caplog: pytest.LogCaptureFixture, path: Path) -> None:
+    with caplog.at_level(logging.WARNING, logger="pyllama_moe"):
+        llm = Llama(str(path), n_ctx=64, moe_cache_mib=64, cpu_moe=True, verbose=False)
+    with llm:
+        assert llm.context_params.ptr.moe_cache_size == 0
+        assert llm("a", max_tokens=2, temperature=0)["usage"]["completion_tokens"] >= 1
+    assert any("moe_cache_mib=64 ignored" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.skipif(moe.fit_available(), reason="the build has the fit shims")
+def test_fit_and_auto_cache_need_the_native_shims(path: Path) -> None:
+    with pytest.raises(ValueError, match="fit=True needs the native fit support"):
+        Llama(str(path), fit=True, verbose=False)
+    with pytest.raises(ValueError, match="moe_cache_mib='auto' needs"):
+        Llama(str(path), moe_cache_mib="auto", verbose=False)
+
+
+@pytest.mark.skipif(not moe.fit_available(), reason="the build lacks the fit shims")
+def test_fit_runs(path: Path) -> None:
+    with Llama(str(path), n_ctx=64, fit=True, fit_target_mib=256, moe_cache_mib="auto", verbose=False) as llm:
+        assert llm("a", max_tokens=2, temperature=0)["usage"]["completion_tokens"] >= 1
+        if not backend.gpu_available():
+            assert llm.context_params.ptr.moe_cache_size == 0
+
+
+@pytest.mark.skipif(not moe.fit_available(), reason="the build lacks the fit shims")
+def test_fit_leaves_user_placement_alone(path: Path) -> None:
+    # upstream's fit changes only what the user left at the defaults (here the overrides stay)
+    with Llama(str(path), n_ctx=64, fit=True, cpu_moe=True, verbose=False) as llm:
+        assert patterns(llm) == [moe.FFN_EXPS_REGEX]
+        assert llm("a", max_tokens=1)["usage"]["completion_tokens"] <= 1
+    with Llama(str(path), n_ctx=0, fit=True, verbose=False) as llm:  # n_ctx=0: the fit chooses it
+        assert llm.n_ctx() >= 256
+
+
+@pytest.mark.gpu
+def test_moe_cache_on_gpu(caplog: pytest.LogCaptureFixture, path: Path) -> None:
+    with caplog.at_level(logging.INFO, logger="pyllama_moe"):
+        llm = Llama(str(path), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=16,
+                    verbose=True)
+    with llm:
+        assert llm.context_params.ptr.moe_cache_size == 16 << 20
+        assert llm("The quick brown fox", max_tokens=8, temperature=0)["usage"]["completion_tokens"] >= 1
+    assert any("moe_cache" in r.getMessage() for r in caplog.records)
