@@ -235,15 +235,16 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
         return {"object": "list", "data": [
             {"id": alias, "object": "model", "owned_by": "me", "permissions": []} for alias in pool.models]}
 
+    async def tokens(body: TokenizeRequest) -> list[int]:
+        return await call(pool.get(body.model), lambda llama: llama.tokenize(body.input.encode(), special=True))
+
     @app.post("/extras/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        model = pool.get(body.model)
-        return {"tokens": await call(model, lambda llama: llama.tokenize(body.input.encode(), special=True))}
+        return {"tokens": await tokens(body)}
 
     @app.post("/extras/tokenize/count")
     async def tokenize_count(body: TokenizeRequest) -> dict[str, Any]:
-        model = pool.get(body.model)
-        return {"count": len(await call(model, lambda llama: llama.tokenize(body.input.encode(), special=True)))}
+        return {"count": len(await tokens(body))}
 
     @app.post("/extras/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
