@@ -19,6 +19,15 @@ def _info(_: argparse.Namespace) -> int:
     return 0
 
 
+def _rpc_server(args: argparse.Namespace) -> int:
+    import os
+
+    from pyllama_moe import backend
+
+    backend.serve_rpc(f"{args.host}:{args.port}", args.threads or os.cpu_count() or 1, args.device, args.cache)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from pyllama_moe import demo
 
@@ -44,6 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--cpu", action="store_true", help="do not use a GPU even if there is one")
     d.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     d.set_defaults(run=_demo)
+    r = sub.add_parser("rpc-server", help="serve a local device to llama.cpp RPC clients (Llama(rpc_servers=...))")
+    r.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    r.add_argument("--port", type=int, default=50052, help="port (default 50052)")
+    r.add_argument("--device", default="CPU", help="the device to serve (default CPU; e.g. CUDA0)")
+    r.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
+    r.add_argument("--cache", help="a folder where the server caches tensors sent to it")
+    r.set_defaults(run=_rpc_server)
     sub.add_parser("synth", help="write a random-weight GGUF model (see `synth --help`)")
     sub.add_parser("bench", help="speed of each placement and kill switch, side by side (see `bench --help`)")
     args = ap.parse_args(argv)

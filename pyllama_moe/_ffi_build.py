@@ -37,14 +37,15 @@ SHIM_HEADER = "pyllama_moe_shim.h"  # our C entry points into llama.cpp's common
 
 # headers whose text is declared; anything else the preprocessor pulls in (libc) is left to cffi,
 # which knows the standard types (size_t, int32_t, bool, FILE, ...)
-API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h", SHIM_HEADER)
+API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h", "ggml-rpc.h",
+               SHIM_HEADER)
 # headers all of whose functions are declared
 ALL_FUNCTIONS = ("llama.h", SHIM_HEADER)
 
 # functions: all of llama.h; of ggml's headers only these, the rest being graph-building API that
 # the bindings never call (and some of it is declared for backends we do not build)
 GGML_FUNCTIONS = re.compile(
-    r"^(ggml_backend_(dev|reg|buft|buffer|load|unload|device|cpu|sched_get|get_device|name|synchronize)\w*"
+    r"^(ggml_backend_(dev|reg|buft|buffer|load|unload|device|cpu|sched_get|get_device|name|synchronize|rpc)\w*"
     r"|ggml_(type_name|type_size|blck_size|row_size|nbytes|is_quantized|time_\w+|log_\w+|op_name|op_desc"
     r"|status_to_string|get_name|cpu_has_\w+|cpu_get_\w+|threadpool_\w+|numa_init|is_numa|version|commit)"
     r"|gguf_\w+)$"

@@ -201,11 +201,13 @@ def devices() -> list[Device]:
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         lib.ggml_backend_dev_memory(dev, free, total)
+        reg = ffi.string(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev))).decode()
         out.append(Device(
             index=i,
             name=ffi.string(lib.ggml_backend_dev_name(dev)).decode(),
             description=ffi.string(lib.ggml_backend_dev_description(dev)).decode(),
-            type=_DEV_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+            # an RPC device says "GPU" whatever the server runs: it is remote, not a local GPU
+            type="rpc" if reg.startswith("RPC") else _DEV_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
             memory_free=int(free[0]),
             memory_total=int(total[0]),
         ))
@@ -228,3 +230,53 @@ def buffer_types() -> dict[str, Any]:
             if buft != ffi.NULL:
                 out.setdefault(ffi.string(lib.ggml_backend_buft_name(buft)).decode(), buft)
     return out
+
+
+_rpc_servers: set[str] = set()
+
+
+def _check_reachable(endpoint: str) -> None:
+    import socket
+
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"rpc_servers: {endpoint!r} is not host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as e:
+        raise ConnectionError(f"rpc_servers: no llama.cpp RPC server answers at {endpoint} ({e})") from e
+
+
+def add_rpc_servers(servers: str | list[str]) -> None:
+    """Make the devices of llama.cpp RPC servers (``host:port``, a list or a comma list) usable.
+
+    As llama.cpp's ``--rpc``: each server's devices join the registry, and models then place
+    layers on them like on local GPUs. Unreachable servers raise ConnectionError.
+    """
+    init()
+    names = [s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers)]
+    if not names or not all(names):
+        raise ValueError(f"rpc_servers: expected host:port entries, got {servers!r}")
+    if not hasattr(lib, "ggml_backend_rpc_add_server"):
+        raise ValueError("rpc_servers: this build has no RPC backend (GGML_RPC)")
+    with _lock:
+        for name in names:
+            if name in _rpc_servers:
+                continue
+            _check_reachable(name)  # ggml's RPC client aborts the process on a failed connection
+            reg = lib.ggml_backend_rpc_add_server(name.encode())
+            if reg == ffi.NULL:
+                raise ConnectionError(f"rpc_servers: no llama.cpp RPC server answers at {name}")
+            lib.ggml_backend_register(reg)
+            _rpc_servers.add(name)
+
+
+def serve_rpc(endpoint: str, n_threads: int, device: str = "CPU", cache_dir: str | None = None) -> None:
+    """Run a llama.cpp RPC server on ``endpoint`` (``host:port``) with a local device; blocks."""
+    init()
+    dev = lib.ggml_backend_dev_by_name(device.encode())
+    if dev == ffi.NULL:
+        raise ValueError(f"device {device!r} not found; devices: {', '.join(d.name for d in devices())}")
+    devs = ffi.new("ggml_backend_dev_t[1]", [dev])
+    lib.ggml_backend_rpc_start_server(endpoint.encode(), cache_dir.encode() if cache_dir else ffi.NULL,
+                                      n_threads, 1, devs)

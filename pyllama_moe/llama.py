@@ -98,6 +98,7 @@ class Llama:
         lora_path: str | None = None,
         # backend
         numa: bool | int = False,
+        rpc_servers: str | list[str] | None = None,
         # chat
         chat_format: str | None = None,
         chat_handler: Any = None,
@@ -148,6 +149,8 @@ class Llama:
             backend.show_log_on_stderr()
         backend.init()
         self._init_numa(numa)
+        if rpc_servers:
+            backend.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
         self.model_path = os.fspath(model_path)
         self.tensor_split, self.kv_overrides = tensor_split, kv_overrides
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path

@@ -3,6 +3,7 @@
 #define PYLLAMA_MOE_SHIM_H
 
 #include "llama.h"
+#include "ggml-rpc.h"
 
 #include <stddef.h>
 #include <stdint.h>
