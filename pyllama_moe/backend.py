@@ -200,8 +200,10 @@ def devices() -> list[Device]:
     free, total = ffi.new("size_t *"), ffi.new("size_t *")
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
-        lib.ggml_backend_dev_memory(dev, free, total)
         reg = ffi.string(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev))).decode()
+        free[0] = total[0] = 0
+        if not reg.startswith("RPC"):  # asking a server that is gone aborts the process
+            lib.ggml_backend_dev_memory(dev, free, total)
         out.append(Device(
             index=i,
             name=ffi.string(lib.ggml_backend_dev_name(dev)).decode(),
@@ -269,6 +271,23 @@ def add_rpc_servers(servers: str | list[str]) -> None:
                 raise ConnectionError(f"rpc_servers: no llama.cpp RPC server answers at {name}")
             lib.ggml_backend_register(reg)
             _rpc_servers.add(name)
+
+
+def model_devices(rpc_servers: str | list[str] | None) -> list[Any] | None:
+    """``llama_model_params.devices`` for a model, or None for llama.cpp's own choice.
+
+    RPC devices stay in the process's registry once added, and llama.cpp's default choice takes
+    every device that says "GPU": a model must use only the RPC servers it asked for. So as soon as
+    any is registered, the list is explicit: the requested RPC devices, then the local GPUs (the
+    integrated ones only without a discrete one), as llama.cpp's default orders them.
+    """
+    devs = devices()
+    if not any(d.type == "rpc" for d in devs):
+        return None
+    wanted = {s.strip() for s in (rpc_servers.split(",") if isinstance(rpc_servers, str) else rpc_servers or [])}
+    local = [d for d in devs if d.type == "gpu"] or [d for d in devs if d.type == "igpu"]
+    chosen = [d for d in devs if d.type == "rpc" and d.description in wanted] + local
+    return [lib.ggml_backend_dev_get(d.index) for d in chosen]
 
 
 def serve_rpc(endpoint: str, n_threads: int, device: str = "CPU", cache_dir: str | None = None) -> None:

@@ -161,6 +161,9 @@ class Llama:
         self.cache: Any = None
 
         self.model_params = self._model_params(locals())
+        devices = backend.model_devices(rpc_servers)
+        if devices is not None:
+            self.model_params.set_devices(devices)
         cache = moe.cache_size(moe_cache_mib)
         self.context_params = ContextParams(
             n_ctx=n_ctx, n_batch=min(n_ctx, n_batch) if n_ctx else n_batch,

@@ -139,6 +139,12 @@ class ModelParams:
         self._keep.append(arr)
         self.ptr.tensor_split = arr
 
+    def set_devices(self, devices: Sequence[Any]) -> None:
+        """The devices the model may use (``ggml_backend_dev_t``s), instead of llama.cpp's choice."""
+        arr = ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL])
+        self._keep.append(arr)
+        self.ptr.devices = arr
+
     def set_overrides(self, overrides: Sequence[tuple[bytes, Any]]) -> None:
         """Tensor name patterns (regular expressions) and the buffer type for the tensors that match."""
         if len(overrides) >= lib.llama_max_tensor_buft_overrides():

@@ -27,7 +27,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+# the whole session: a device stays registered once added, and llama.cpp aborts when it cannot reach
+# it, so the server lives as long as the process that knows it
+@pytest.fixture(scope="session")
 def server() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pyllama_moe", "rpc-server", "--port", str(port), "--threads", "1"],
@@ -58,6 +60,15 @@ def test_layers_run_on_the_rpc_server(tiny: Path, server: str, caplog: pytest.Lo
         "the layers were not placed on the RPC device"
     assert got == want  # the server computes with the same CPU kernels
     assert not backend.gpu_available() or any(d.type == "gpu" for d in backend.devices())
+
+
+def test_a_model_that_did_not_ask_stays_off_the_rpc_devices(tiny: Path, server: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    backend.add_rpc_servers(server)
+    with caplog.at_level("DEBUG", logger="pyllama_moe"):
+        with Llama(str(tiny), n_ctx=256, n_gpu_layers=-1, verbose=True) as llm:
+            assert llm.create_completion("x", max_tokens=2)["choices"]
+    assert not any("RPC" in r.getMessage() and "buffer size" in r.getMessage() for r in caplog.records)
 
 
 def test_unreachable_server_is_a_clear_error(tiny: Path) -> None:
