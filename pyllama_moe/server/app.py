@@ -205,25 +205,22 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Any:
-        model = pool.get(body.model)
-        args = _completion_args(body)
-        if body.stream:
-            return stream(model, lambda llama: llama.create_completion(**args))
-        result = await call(model, lambda llama: llama.create_completion(**args))
+    async def generate(model: ServedModel, make: Callable[[Any], Any], streaming: bool) -> Any:
+        if streaming:
+            return stream(model, make)
+        result = await call(model, make)
         model.count(result.get("usage"))
         return result
 
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        args = _completion_args(body)
+        return await generate(pool.get(body.model), lambda llama: llama.create_completion(**args), body.stream)
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
-        model = pool.get(body.model)
         args = _chat_args(body)
-        if body.stream:
-            return stream(model, lambda llama: llama.create_chat_completion(**args))
-        result = await call(model, lambda llama: llama.create_chat_completion(**args))
-        model.count(result.get("usage"))
-        return result
+        return await generate(pool.get(body.model), lambda llama: llama.create_chat_completion(**args), body.stream)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> Any:
