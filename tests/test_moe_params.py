@@ -136,15 +136,6 @@ def test_moe_cache_without_gpu_warns_and_runs(caplog: pytest.LogCaptureFixture, 
     assert any("moe_cache_mib=64 ignored" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.skipif(moe.fit_available(), reason="the build has the fit shims")
-def test_fit_and_auto_cache_need_the_native_shims(path: Path) -> None:
-    with pytest.raises(ValueError, match="fit=True needs the native fit support"):
-        Llama(str(path), fit=True, verbose=False)
-    with pytest.raises(ValueError, match="moe_cache_mib='auto' needs"):
-        Llama(str(path), moe_cache_mib="auto", verbose=False)
-
-
-@pytest.mark.skipif(not moe.fit_available(), reason="the build lacks the fit shims")
 def test_fit_runs(path: Path) -> None:
     with Llama(str(path), n_ctx=64, fit=True, fit_target_mib=256, moe_cache_mib="auto", verbose=False) as llm:
         assert llm("a", max_tokens=2, temperature=0)["usage"]["completion_tokens"] >= 1
