@@ -89,19 +89,12 @@ def cache_size(moe_cache_mib: int | str) -> int | str:
     backend"); as llama.cpp does for ``-ngl`` without a GPU, the knob is then ignored with a warning.
     """
     if moe_cache_mib == "auto":
-        if not fit_available():
-            raise ValueError("moe_cache_mib='auto' needs the native fit support (pyllama_moe_fit_params and "
-                             "pyllama_moe_device_memory), which this build lacks; give a size in MiB")
         return "auto"
     size = check_int("moe_cache_mib", moe_cache_mib, 0, 2**44) * MIB
     if size and not backend.gpu_available():
         logger.warning("moe_cache_mib=%d ignored: the MoE cache needs a GPU and none is available", moe_cache_mib)
         return 0
     return size
-
-
-def fit_available() -> bool:
-    return hasattr(lib, "pyllama_moe_fit_params") and hasattr(lib, "pyllama_moe_device_memory")
 
 
 def _margins(fit_target_mib: int | list[int] | None) -> Any:
@@ -122,9 +115,6 @@ def fit(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mi
     Returns whether a fit was found; when not, the parameters are left as they were (as llama.cpp
     then loads them). Only parameters left at the library's defaults are changed.
     """
-    if not fit_available():
-        raise ValueError("fit=True needs the native fit support (pyllama_moe_fit_params), which this build "
-                         "lacks; rebuild the package or leave fit=False")
     split = ffi.new("float[]", lib.llama_max_devices())
     overrides = ffi.new("struct llama_model_tensor_buft_override[]", lib.llama_max_tensor_buft_overrides())
     margins = _margins(fit_target_mib)

@@ -143,7 +143,6 @@ def test_fit_runs(path: Path) -> None:
             assert llm.context_params.ptr.moe_cache_size == 0
 
 
-@pytest.mark.skipif(not moe.fit_available(), reason="the build lacks the fit shims")
 def test_fit_leaves_user_placement_alone(path: Path) -> None:
     # upstream's fit changes only what the user left at the defaults (here the overrides stay)
     with Llama(str(path), n_ctx=64, fit=True, cpu_moe=True, verbose=False) as llm:

@@ -30,19 +30,15 @@ class _Request(BaseModel):
     user: str | None = None
 
 
-class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int] = ""
-    suffix: str | None = None
-    max_tokens: int | None = Field(default=16, ge=0)
-    temperature: float = 0.8
+class _Sampling(_Request):
+    """What completions and chat share (their defaults differ in temperature and max_tokens)."""
+
     top_p: float = 0.95
     min_p: float = 0.05
     typical_p: float = 1.0
     top_k: int = 40
     stop: str | list[str] | None = None
     stream: bool = False
-    logprobs: int | None = Field(default=None, ge=0)
-    echo: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.1
@@ -51,7 +47,16 @@ class CompletionRequest(_Request):
     grammar: str | None = None
 
 
-class ChatRequest(_Request):
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] = ""
+    suffix: str | None = None
+    max_tokens: int | None = Field(default=16, ge=0)
+    temperature: float = 0.8
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False
+
+
+class ChatRequest(_Sampling):
     messages: list[dict[str, Any]] = Field(min_length=1)
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
@@ -59,21 +64,9 @@ class ChatRequest(_Request):
     tool_choice: str | dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float = 0.2
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    top_k: int = 40
-    stop: str | list[str] | None = None
-    stream: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.1
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
-    grammar: str | None = None
 
 
 class EmbeddingRequest(_Request):
