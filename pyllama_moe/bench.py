@@ -4,8 +4,14 @@ Runs a matrix of placements (all on the GPU, experts in host memory with mmap or
 the MoE cache at fractions of the expert bytes), each with every kill switch given by ``--switch``
 both unset (our behaviour) and set to 0 (upstream's), through the native tools of our patched
 build (``llama-bench`` for prompt/generation, ``llama-batched-bench`` where the MoE cache is on, as
-``llama-bench`` has no cache option). Prints one markdown table and writes the rows as JSON, with the
-cache's own statistics and the host-to-device copy bandwidth measured in the same run.
+``llama-bench`` has no cache option) and through the Python API (``Llama.eval`` for the longest
+prompt at the largest ubatch, greedy ``create_completion`` for generation), so the Python overhead
+is visible. Prints one markdown table and writes the rows as JSON, with the cache's own statistics
+and the host-to-device copy bandwidth measured in the same run.
+
+The Python runs also hash the logits of the prompt's last token and the greedy tokens: a kill
+switch must not change them, so every setup's hashes are compared across its switch settings and
+a mismatch is printed loudly (and makes the exit status 1).
 
 The table is the measurement: nothing here asserts a speed.
 """
@@ -28,6 +34,8 @@ EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
 CACHE_LINE = re.compile(
     r"llama_moe_cache: (?P<kind>ubatch\s+[<>]=?\s*\d+): hits = (?P<hits>\d+), misses = (?P<misses>\d+), "
     r"hit rate = (?P<rate>[\d.]+)%, uploaded = (?P<mib>[\d.]+) MiB")
+PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging (?P<mib>[\d.]+) MiB, "
+                           r"(?P<n>\d+) of (?P<of>\d+) splits")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,16 +48,20 @@ class Setup:
     batched_args: tuple[str, ...]  # llama-batched-bench only
     cache_fraction: float = 0.0    # of the expert bytes; > 0 runs llama-batched-bench
     needs_gpu: bool = True
+    llama_kwargs: tuple[tuple[str, Any], ...] = ()  # the same placement as Llama keyword arguments
 
 
+_HOST = (("n_gpu_layers", -1), ("cpu_moe", True))
 SETUPS: dict[str, Setup] = {
-    "gpu": Setup("gpu", ("-ngl", "99"), (), ()),
+    "gpu": Setup("gpu", ("-ngl", "99"), (), (), llama_kwargs=(("n_gpu_layers", -1),)),
     "cpu_moe-mmap": Setup("cpu_moe-mmap", ("-ngl", "99", "-lm", "mmap"), ("-ncmoe", "99"), ("--cpu-moe",),
-                          needs_gpu=False),
+                          needs_gpu=False, llama_kwargs=(*_HOST, ("load_mode", "mmap"))),
     "cpu_moe-none": Setup("cpu_moe-none", ("-ngl", "99", "-lm", "none"), ("-ncmoe", "99"), ("--cpu-moe",),
-                          needs_gpu=False),
-    "cache-25": Setup("cache-25", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.25),
-    "cache-80": Setup("cache-80", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.80),
+                          needs_gpu=False, llama_kwargs=(*_HOST, ("load_mode", "none"))),
+    "cache-25": Setup("cache-25", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.25,
+                      llama_kwargs=(*_HOST, ("load_mode", "none"))),
+    "cache-80": Setup("cache-80", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.80,
+                      llama_kwargs=(*_HOST, ("load_mode", "none"))),
 }
 
 
@@ -64,6 +76,7 @@ class Row:
     tokens_per_s: float
     stddev: float = 0.0
     cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    digest: str = ""  # Python runs: hash of the prompt's last logits (pp) or of the greedy tokens (tg)
 
 
 # ---------------------------------------------------------------- parsing tool output
@@ -147,7 +160,7 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
             rows.append(Row(setup.name, switches, "llama-bench", r["n_prompt"], r["n_ubatch"], r["n_gen"],
                             float(r["avg_ts"]), float(r["stddev_ts"])))
         return rows
-    mib = max(1, int(expert_bytes(model) * setup.cache_fraction) >> 20)
+    mib = cache_mib(model, setup)
     for p, u in ((p, u) for p in pp for u in ub if u <= p):
         cmd = [str(tool_path("llama-batched-bench")), "-m", str(model), *setup.args, *setup.batched_args,
                "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(p + tg + 16), "-b", str(p), "-ub", str(u),
@@ -158,6 +171,74 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
             rows.append(Row(setup.name, switches, "llama-batched-bench", r["pp"], u, 0, float(r["speed_pp"]), cache=cache))
             rows.append(Row(setup.name, switches, "llama-batched-bench", 0, u, r["tg"], float(r["speed_tg"]), cache=cache))
     return rows
+
+
+def cache_mib(model: Path, setup: Setup) -> int:
+    return max(1, int(expert_bytes(model) * setup.cache_fraction) >> 20) if setup.cache_fraction else 0
+
+
+def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
+                run: Runner = run_tool) -> list[Row]:
+    """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment)."""
+    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg,
+            "kwargs": {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}}
+    out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
+    res = parse_jsonl(out)[-1]
+    stats = parse_cache_stats(out)
+    prefetch = [m.groupdict() for m in PREFETCH_LINE.finditer(out)]
+    if prefetch:  # the scheduler's staging, as logged when its graph was reserved (the largest)
+        best = max(prefetch, key=lambda d: float(d["mib"]))
+        stats["prefetch"] = {"depth": int(best["depth"]), "staging_mib": float(best["mib"]),
+                             "splits": int(best["n"]), "of": int(best["of"])}
+    return [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
+                digest=res["pp_digest"]),
+            Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"], cache=stats,
+                digest=res["tg_digest"])]
+
+
+def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One model load: a prompt of random tokens evaluated (timed after a warm-up), then greedy generation
+    from an empty context."""
+    import hashlib
+
+    import numpy as np
+
+    from pyllama_moe.llama import Llama
+
+    n_prompt, n_ubatch, tg = spec["n_prompt"], spec["n_ubatch"], spec["tg"]
+    # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads
+    with Llama(spec["model"], n_ctx=n_prompt + tg + 16, n_batch=n_prompt, n_ubatch=n_ubatch, flash_attn=True,
+               verbose=True, **spec["kwargs"]) as llm:
+        rng = np.random.default_rng(0)
+        tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
+        llm.eval(tokens[:min(n_ubatch, 64)])  # warm-up: graphs, CUDA kernels, the cache's first uploads
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(tokens)
+        t_pp = time.perf_counter() - t0
+        pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
+        # generation from an empty context, as llama-bench's tg: the first call warms up, the second is timed
+        llm.reset()
+        llm.create_completion([llm.token_bos()], max_tokens=4, temperature=0.0)
+        llm.reset()
+        t0 = time.perf_counter()
+        res = llm.create_completion([llm.token_bos()], max_tokens=tg, temperature=0.0)
+        t_tg = time.perf_counter() - t0
+        n_gen = res["usage"]["completion_tokens"]
+        gen = llm.tokenize(res["choices"][0]["text"].encode(), add_bos=False, special=True)
+        return {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": n_gen, "tg_ts": n_gen / t_tg,
+                "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16]}
+
+
+def mismatches(rows: Iterable[Row]) -> list[str]:
+    """Setups whose hashes differ between switch settings (results a kill switch must not change)."""
+    seen: dict[tuple[str, str], dict[str, str]] = {}
+    for r in rows:
+        if r.digest:
+            seen.setdefault((r.setup, column(r)), {})[",".join(f"{k}={v}" for k, v in sorted(r.switches.items()))
+                                                     or "-"] = r.digest
+    return [f"MISMATCH {setup} {col}: " + ", ".join(f"{sw} -> {d}" for sw, d in by_sw.items())
+            for (setup, col), by_sw in seen.items() if len(set(by_sw.values())) > 1]
 
 
 def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
@@ -262,22 +343,30 @@ def table(rows: Iterable[Row]) -> str:
         if column(r) not in cols:
             cols.append(column(r))
     cols.sort(key=lambda c: (c.startswith("tg"), [int(x) for x in re.findall(r"\d+", c)]))
-    lines: dict[tuple[str, str], dict[str, str]] = {}
+    lines: dict[tuple[str, str, str], dict[str, str]] = {}
     for r in rows:
         sw = ",".join(f"{k}={v}" for k, v in sorted(r.switches.items())) or "-"
-        cell = lines.setdefault((r.setup, sw), {})
+        cell = lines.setdefault((r.setup, sw, "python" if r.tool == "python" else "native"), {})
         cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
         small = r.cache.get("ubatch <= 8")
         if small:
             cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
-    head = ["setup", "switches", *cols, "cache (decode)"]
+        pf = r.cache.get("prefetch")
+        if pf:
+            cell["prefetch"] = f"{pf['staging_mib']:.0f} MiB x{pf['depth']}"
+    head = ["setup", "switches", "via", *cols, "cache (decode)", "prefetch staging"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (setup, sw), cell in lines.items():
-        out.append("| " + " | ".join([setup, sw, *[cell.get(c, "-") for c in cols], cell.get("cache", "-")]) + " |")
+    for (setup, sw, via), cell in lines.items():
+        out.append("| " + " | ".join([setup, sw, via, *[cell.get(c, "-") for c in cols], cell.get("cache", "-"),
+                                      cell.get("prefetch", "-")]) + " |")
     return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--api-worker"] and len(argv) == 2:  # the child process of api_measure
+        print(json.dumps(api_worker(json.loads(argv[1]))), flush=True)
+        return 0
     ap = argparse.ArgumentParser(prog="python -m pyllama_moe bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
@@ -293,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--overhead", action="store_true",
                     help="only the Python overhead per token: create_completion vs a bare decode loop")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="--overhead: layers on the GPU (default all)")
+    ap.add_argument("--no-api", action="store_true", help="only the native tools, not the Python API")
     args = ap.parse_args(argv)
 
     if not args.model.exists():
@@ -319,7 +409,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ub = [int(x) for x in args.ub.split(",")]
     settings = [{}] + [{sw: "0"} for sw in args.switch]
     rows: list[Row] = []
-    skipped = []
+    skipped, failed = [], []
+    bw: dict[str, float] = {}
+
+    def save() -> None:  # after every run, so an interrupted matrix keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps({"model": str(args.model), "h2d_gbps": bw, "mismatches": mismatches(rows),
+                                             "failed": failed, "rows": [dataclasses.asdict(r) for r in rows]},
+                                            indent=1))
+
     for name in names:
         setup = SETUPS[name]
         if (setup.needs_gpu or setup.cache_fraction) and not gpu:
@@ -327,14 +425,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         for sw in settings:
             print(f"bench: {name} {sw or ''}", file=sys.stderr, flush=True)
-            rows += measure(args.model, setup, sw, pp, ub, args.tg, args.reps)
+            t0 = time.perf_counter()
+            try:
+                rows += measure(args.model, setup, sw, pp, ub, args.tg, args.reps)
+                if not args.no_api:
+                    rows += api_measure(args.model, setup, sw, max(pp), max(u for u in ub if u <= max(pp)), args.tg)
+            except RuntimeError as e:  # a failing run is reported, the others still run
+                failed.append(f"{name} {sw or ''}: {str(e)[-1500:]}")
+                print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)
+            print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            save()
     bw = h2d_bandwidth() if gpu else {}
     print(table(rows))
+    bad = mismatches(rows)
+    for line in bad:
+        print(f"\n!!! {line}")
     if bw:
         print("\nhost-to-device copy: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()))
     if skipped:
         print(f"\nnot run without a GPU: {', '.join(skipped)}")
-    if args.json:
-        args.json.write_text(json.dumps({"model": str(args.model), "h2d_gbps": bw,
-                                         "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
-    return 0
+    for f in failed:
+        print(f"\n!!! FAILED {f}")
+    save()
+    return 1 if bad or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

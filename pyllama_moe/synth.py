@@ -10,9 +10,12 @@ Weights
       blocks are an f16 scale of 0.02 and 16 bytes of uniformly random nibbles; ``q8_0``, ``f16``
       and ``f32`` use a scale / standard deviation giving the same root mean square
       (``EXPERT_RMS`` = 0.02 * sqrt(21.5), that of the q4_0 values ``0.02 * (nibble - 8)``).
-      The sign of each block's scale is random (as in real q4_0 files, where ``d = max / -8``):
-      with all scales positive every weight would have the mean -0.01, a direction that all
-      hidden states then share, and routing would collapse onto a few experts in deep layers.
+      ``scale_signs`` sets the sign of each block's scale. ``positive`` (the default without
+      skew) is the model of ``baseline-h200.md`` that upstream's figures were measured on: every
+      q4_0 weight then has the mean -0.01, a direction that all hidden states share, so routing
+      collapses onto a few experts in deep layers and consecutive tokens reuse most experts (what
+      makes a small MoE cache hit). ``random`` (the default with skew) gives symmetric, zero-mean
+      weights, as in real q4_0 files where ``d = max / -8``, so only the skew shapes the routing.
     * Attention, token embeddings and output in ``dense_type`` (default ``f16``), normal with
       standard deviation ``DENSE_STD`` (0.02; quantized dense types match its root mean square).
     * Router (``ffn_gate_inp``) in f32, normal with standard deviation ``ROUTER_STD`` (0.05).
@@ -50,8 +53,9 @@ Router skew (``skew > 0``, MoE architectures only)
       remaining picks vary with the token.
 
     Apart from the router weights and biases (and qwen3moe's added value biases) a skewed model
-    has the same tensors as the unskewed one of the same seed. The skew, the seed, the preset and
-    the hot experts are recorded under the ``pyllama_moe.synth.`` metadata keys.
+    has the same tensors as the unskewed one of the same seed and ``scale_signs``. The skew, the
+    seed, the preset, the scale signs and the hot experts are recorded under the
+    ``pyllama_moe.synth.`` metadata keys.
 
 Public API: :func:`write_model`, :func:`plan`, :class:`Shape`, :data:`PRESETS`,
 :func:`resolve_shape`, :func:`default_vocab_path`, :func:`main` (the ``synth`` command).
@@ -83,6 +87,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ARCHITECTURES",
     "DENSE_TYPES",
+    "SCALE_SIGNS",
     "EXPERT_TYPES",
     "PRESETS",
     "Plan",
@@ -106,7 +111,7 @@ VOCAB_FILE = "ggml-vocab-qwen2.gguf"
 QWEN2_N_VOCAB = 151936  # tokens in ggml-vocab-qwen2.gguf, used by plan() when no vocab is given
 
 META_PREFIX = "pyllama_moe.synth."
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: scale_signs (unskewed models have positive scales)
 
 DENSE_STD = 0.02
 ROUTER_STD = 0.05
@@ -158,6 +163,7 @@ GGML_TYPES: dict[str, GGMLType] = {
 }
 EXPERT_TYPES: tuple[str, ...] = ("q4_0", "q8_0", "f16", "f32")
 DENSE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0", "q4_0")
+SCALE_SIGNS: tuple[str, ...] = ("auto", "positive", "random")
 
 # root mean square of the integer part of each quantized type's random values
 _Q_RMS: dict[str, float] = {
@@ -325,6 +331,7 @@ class TensorPlan:
     init: str
     std: float
     role: str
+    signed: bool = True  # quantized: random scale signs (else all positive)
 
     @property
     def n_elements(self) -> int:
@@ -353,6 +360,7 @@ class Plan:
     n_vocab: int
     skew: float
     tensors: tuple[TensorPlan, ...]
+    scale_signs: str = "random"
 
     @property
     def tensor_bytes(self) -> int:
@@ -392,12 +400,14 @@ def plan(
     skew: float = 0.0,
     n_vocab: int | None = None,
     vocab_path: str | os.PathLike[str] | None = None,
+    scale_signs: str = "auto",
     **shape_overrides: Any,
 ) -> Plan:
     """Every tensor that :func:`write_model` would write, with its shape, type and size.
 
     Writes nothing. ``n_vocab`` defaults to the token count of ``vocab_path`` if given, else to the
-    qwen2 vocabulary's 151936.
+    qwen2 vocabulary's 151936. ``scale_signs`` is ``positive``, ``random`` or ``auto`` (positive
+    without skew, random with it; see the module docstring).
     """
     shape = resolve_shape(preset, arch, **shape_overrides)
     etype = _ggml_type(expert_type, "expert_type", EXPERT_TYPES)
@@ -408,8 +418,14 @@ def plan(
     if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1:
         raise ValueError(f"n_vocab must be a positive integer, got {n_vocab!r}")
     _check_blocks(shape, etype, dtype)
+    if scale_signs not in SCALE_SIGNS:
+        raise ValueError(f"scale_signs must be one of {', '.join(SCALE_SIGNS)}, got {scale_signs!r}")
+    if scale_signs == "auto":
+        scale_signs = "random" if skew > 0 else "positive"
     tensors = tuple(_tensor_list(shape, etype, dtype, n_vocab, skew > 0))
-    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors)
+    if scale_signs == "positive":
+        tensors = tuple(dataclasses.replace(t, signed=False) for t in tensors)
+    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs)
 
 
 def _check_skew(skew: float, shape: Shape) -> float:
@@ -520,10 +536,10 @@ def _normal_chunk(t: TensorPlan, seed: int, chunk: int) -> npt.NDArray[Any]:
         size = count * t.type.type_size
         raw = rng.bit_generator.random_raw(-(-size // 8)).view(np.uint8)[:size]
         blocks = raw.reshape(count, t.type.type_size)
-        # |scale| as chosen, its sign the block's random top bit: symmetric, zero-mean weights
+        # |scale| as chosen, its sign the block's random top bit (symmetric, zero-mean weights) or positive
         scale = _scale_bytes(t.std / _Q_RMS[t.type.name])
         blocks[:, 0] = scale[0]
-        blocks[:, 1] &= 0x80
+        blocks[:, 1] &= 0x80 if t.signed else 0
         blocks[:, 1] |= scale[1]
         return blocks
     count = min(_CHUNK_ELEMENTS, t.n_elements - chunk * _CHUNK_ELEMENTS)
@@ -849,6 +865,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
     writer.add_float32(META_PREFIX + "skew", p.skew)
     writer.add_string(META_PREFIX + "expert_type", p.expert_type)
     writer.add_string(META_PREFIX + "dense_type", p.dense_type)
+    writer.add_string(META_PREFIX + "scale_signs", p.scale_signs)
     if skew is not None:
         writer.add_uint32(META_PREFIX + "hot_experts_per_layer", len(skew.hot[0]))
         writer.add_key_value(META_PREFIX + "hot_experts", [e for layer in skew.hot for e in layer],
@@ -922,6 +939,7 @@ def write_model(
     dense_type: str = "f16",
     threads: int | None = None,
     progress: bool = False,
+    scale_signs: str = "auto",
     **shape_overrides: Any,
 ) -> Path:
     """Write a random-weight GGUF model to ``path`` and return ``path``.
@@ -931,8 +949,8 @@ def write_model(
     hyperparameters. ``expert_type`` is the type of the FFN weights (``q4_0``, ``q8_0``, ``f16``,
     ``f32``), ``dense_type`` that of attention, embedding and output. ``vocab_path`` is the
     vocab-only GGUF whose ``tokenizer.*`` keys are copied (default :func:`default_vocab_path`).
-    ``skew`` skews the routing (see the module docstring); ``seed`` makes everything reproducible.
-    The file is written to a temporary name beside ``path`` and renamed at the end. Bad arguments
+    ``skew`` skews the routing and ``scale_signs`` sets the signs of the quantized blocks' scales
+    (see the module docstring); ``seed`` makes everything reproducible. The file is written to a temporary name beside ``path`` and renamed at the end. Bad arguments
     raise ValueError naming the parameter.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
@@ -942,7 +960,7 @@ def write_model(
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     vocab = _load_vocab(Path(vocab_path) if vocab_path is not None else default_vocab_path())
     p = plan(preset, arch=arch, expert_type=expert_type, dense_type=dense_type, skew=skew,
-             n_vocab=vocab.n_tokens, **shape_overrides)
+             n_vocab=vocab.n_tokens, scale_signs=scale_signs, **shape_overrides)
     skew_data = _prepare_skew(p, seed)
     out = Path(path)
     tmp = out.with_name(out.name + ".partial")
@@ -1006,6 +1024,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--dense-type", default="f16", choices=DENSE_TYPES, help="type of attention/embedding/output (default f16)")
     ap.add_argument("--skew", type=float, default=0.0, help="router skew, 0 = uniform random routing (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--scale-signs", default="auto", choices=SCALE_SIGNS,
+                    help="signs of the quantized blocks' scales (default auto: positive without skew, random with it)")
     ap.add_argument("--vocab", type=Path,
                     help=f"vocab-only GGUF to copy the tokenizer from (default: ${VOCAB_ENV} or the packaged qwen2 one)")
     ap.add_argument("--threads", type=int, help="generator threads (default: CPU count, at most 16)")
@@ -1027,12 +1047,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.plan:
             p = plan(args.preset, arch=args.arch, expert_type=args.expert_type, dense_type=args.dense_type,
-                     skew=args.skew, vocab_path=args.vocab, **overrides)
+                     skew=args.skew, vocab_path=args.vocab, scale_signs=args.scale_signs, **overrides)
             _print_plan(p)
             return 0
         path = write_model(
             args.output, args.preset, arch=args.arch, vocab_path=args.vocab, expert_type=args.expert_type,
             skew=args.skew, seed=args.seed, dense_type=args.dense_type, threads=args.threads,
+            scale_signs=args.scale_signs,
             progress=not args.quiet and sys.stderr.isatty(), **overrides,
         )
     except (ValueError, FileNotFoundError) as e:

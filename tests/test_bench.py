@@ -64,20 +64,43 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "bench.json"
     rc = bench.main([str(tiny), "--setups", "cpu_moe-mmap,cpu_moe-none", "--pp", "64", "--ub", "32,64",
                      "--tg", "4", "--reps", "1", "--switch", "LLAMA_EXAMPLE_SWITCH", "--json", str(out)])
-    assert rc == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    text = capsys.readouterr().out
+    assert rc == 0 and "MISMATCH" not in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
     header, rule, *body = lines
-    assert header == "| setup | switches | pp64 ub32 | pp64 ub64 | tg4 | cache (decode) |"
-    assert rule.count("---") == 6
-    assert [b.split("|")[1:3] for b in body] == [
-        [" cpu_moe-mmap ", " - "], [" cpu_moe-mmap ", " LLAMA_EXAMPLE_SWITCH=0 "],
-        [" cpu_moe-none ", " - "], [" cpu_moe-none ", " LLAMA_EXAMPLE_SWITCH=0 "]]
+    assert header == "| setup | switches | via | pp64 ub32 | pp64 ub64 | tg4 | cache (decode) | prefetch staging |"
+    assert rule.count("---") == 8
+    assert [[c.strip() for c in b.split("|")[1:4]] for b in body] == [
+        [s, sw, via] for s in ("cpu_moe-mmap", "cpu_moe-none") for sw in ("-", "LLAMA_EXAMPLE_SWITCH=0")
+        for via in ("native", "python")]
     for b in body:
-        cells = [c.strip() for c in b.split("|")[3:6]]
-        assert all(float(c) > 0 for c in cells), b
+        cells = [c.strip() for c in b.split("|")[4:7]]
+        if "python" in b:  # the Python API runs the longest prompt at the largest ubatch only
+            assert cells[0] == "-" and float(cells[1]) > 0 and float(cells[2]) > 0, b
+        else:
+            assert all(float(c) > 0 for c in cells), b
     data = json.loads(out.read_text())
-    assert len(data["rows"]) == 4 * 3
-    assert {r["tool"] for r in data["rows"]} == {"llama-bench"}
+    assert data["mismatches"] == []
+    native = [r for r in data["rows"] if r["tool"] == "llama-bench"]
+    api = [r for r in data["rows"] if r["tool"] == "python"]
+    assert len(native) == 4 * 3 and len(api) == 4 * 2
+    # the same placement gives the same logits and greedy tokens whatever the (here inert) switch says
+    for setup in ("cpu_moe-mmap", "cpu_moe-none"):
+        for kind in ("n_prompt", "n_gen"):
+            digests = {r["digest"] for r in api if r["setup"] == setup and r[kind]}
+            assert len(digests) == 1 and all(len(d) == 16 for d in digests)
+
+
+def test_mismatches_are_found() -> None:
+    def row(sw: dict[str, str], digest: str, n_prompt: int = 64) -> bench.Row:
+        return bench.Row("gpu", sw, "python", n_prompt, 64, 0 if n_prompt else 8, 1.0, digest=digest)
+
+    same = [row({}, "a"), row({"X": "0"}, "a"), row({}, "b", 0), row({"X": "0"}, "b", 0)]
+    assert bench.mismatches(same) == []
+    bad = bench.mismatches([*same[:2], row({}, "b", 0), row({"X": "0"}, "c", 0)])
+    assert bad == ["MISMATCH gpu tg8: - -> b, X=0 -> c"]
+    # native rows carry no hash and are never compared
+    assert bench.mismatches([bench.Row("gpu", {}, "llama-bench", 64, 64, 0, 1.0)]) == []
 
 
 def test_unknown_setup_is_an_error(tiny: Path) -> None:

@@ -160,4 +160,5 @@ def test_moe_cache_on_gpu(caplog: pytest.LogCaptureFixture, path: Path) -> None:
     with llm:
         assert llm.context_params.ptr.moe_cache_size == 16 << 20
         assert llm("The quick brown fox", max_tokens=8, temperature=0)["usage"]["completion_tokens"] >= 1
-    assert any("moe_cache" in r.getMessage() for r in caplog.records)
+    # upstream logs the cache's size when it is created ("CUDA0 MoE cache size = ...")
+    assert any("MoE cache size" in r.getMessage() for r in caplog.records)

@@ -245,22 +245,45 @@ def test_vocab_copy_matches_gguf_reader(real_vocab: Path, real_vocab_reader: Any
 
 
 @pytest.mark.parametrize("expert_type", ["q4_0", "q8_0"])
-def test_quantized_expert_blocks(expert_type: str, small_vocab: Path, tmp_path: Path) -> None:
-    path = synth.write_model(tmp_path / "m.gguf", "tiny", expert_type=expert_type, vocab_path=small_vocab, n_layer=1)
-    t = tensors(read(path))["blk.0.ffn_up_exps.weight"]
+@pytest.mark.parametrize("skew", [0.0, 1.0])
+def test_quantized_expert_blocks(expert_type: str, skew: float, small_vocab: Path, tmp_path: Path) -> None:
+    path = synth.write_model(tmp_path / "m.gguf", "tiny", expert_type=expert_type, vocab_path=small_vocab, n_layer=1,
+                             skew=skew)
+    reader = read(path)
+    t = tensors(reader)["blk.0.ffn_up_exps.weight"]
     assert t.tensor_type == gguf.GGMLQuantizationType[expert_type.upper()]
     typ = synth.GGML_TYPES[expert_type]
     scales = block_scales(t, typ.type_size).astype(np.float64)
     assert np.all(np.isfinite(scales))
     want = 0.02 if expert_type == "q4_0" else synth.EXPERT_RMS / math.sqrt(5461.5)
-    assert np.allclose(np.abs(scales), np.float16(want), rtol=0)  # one scale, both signs
-    assert 0.3 < np.mean(scales > 0) < 0.7
+    assert np.allclose(np.abs(scales), np.float16(want), rtol=0)  # one magnitude
     v = values(t)
     assert np.array_equal(v.reshape(-1), synth.decode(np.asarray(t.data), expert_type).astype(np.float64))
     assert np.std(v) == pytest.approx(synth.EXPERT_RMS, rel=0.05)
-    assert abs(np.mean(v)) < 0.05 * synth.EXPERT_RMS
+    signs = reader.fields["pyllama_moe.synth.scale_signs"].contents()
+    if skew:  # auto: random signs, zero-mean weights
+        assert signs == "random"
+        assert 0.3 < np.mean(scales > 0) < 0.7
+        assert abs(np.mean(v)) < 0.05 * synth.EXPERT_RMS
+    else:  # auto: positive scales, the baseline's model (q4_0 nibbles average 7.5: mean -0.5 * scale)
+        assert signs == "positive"
+        assert np.all(scales > 0)
+        if expert_type == "q4_0":
+            assert np.mean(v) == pytest.approx(-0.01, rel=0.05)
     assert not np.array_equal(v[0], v[1])  # experts differ
     assert len({tuple(np.round(v[e, 0, :8], 6)) for e in range(8)}) == 8
+
+
+def test_scale_signs_override_and_errors(small_vocab: Path, tmp_path: Path) -> None:
+    assert synth.plan("tiny").scale_signs == "positive"
+    assert synth.plan("tiny", skew=0.5).scale_signs == "random"
+    assert synth.plan("tiny", scale_signs="random").scale_signs == "random"
+    with pytest.raises(ValueError, match="scale_signs must be one of"):
+        synth.plan("tiny", scale_signs="negative")
+    path = synth.write_model(tmp_path / "r.gguf", "tiny", vocab_path=small_vocab, n_layer=1, scale_signs="random")
+    scales = block_scales(tensors(read(path))["blk.0.ffn_down_exps.weight"], 18)
+    assert 0.3 < np.mean(scales > 0) < 0.7
+    assert synth.main([str(tmp_path / "x.gguf"), "--plan", "--scale-signs", "random"]) == 0
 
 
 @pytest.mark.parametrize("expert_type", ["f16", "f32"])
@@ -313,7 +336,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(small_vocab: Path, tmp_path
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 def test_skew_is_recorded_and_touches_only_the_routing(arch: str, small_vocab: Path, tmp_path: Path) -> None:
     plain = synth.write_model(tmp_path / "plain.gguf", "tiny", arch=arch, seed=3, vocab_path=small_vocab,
-                              n_expert=16, n_expert_used=4)
+                              n_expert=16, n_expert_used=4, scale_signs="random")  # the skewed model's signs
     skewed = synth.write_model(tmp_path / "skew.gguf", "tiny", arch=arch, seed=3, skew=1.5, vocab_path=small_vocab,
                                n_expert=16, n_expert_used=4)
     rp, rs = read(plain), read(skewed)
