@@ -176,6 +176,7 @@ class Llama:
             moe_cache_size=cache if isinstance(cache, int) else 0,
         )
         self._fit(fit, fit_target_mib, cache)
+        moe.cache_load_mode(self.model_path, self.model_params, self.context_params.ptr.moe_cache_size)
         self._load()
         if verbose:
             logger.info("%s", backend.system_info().strip())

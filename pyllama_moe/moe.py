@@ -11,6 +11,7 @@ The first pattern that matches a tensor wins (src/llama-model-loader.cpp), so th
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -95,6 +96,51 @@ def cache_size(moe_cache_mib: int | str) -> int | str:
         logger.warning("moe_cache_mib=%d ignored: the MoE cache needs a GPU and none is available", moe_cache_mib)
         return 0
     return size
+
+
+CACHE_NO_MMAP_FRACTION = 0.8  # of the available memory
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def model_files_size(path: str) -> int:
+    """Bytes of a GGUF model's files (all parts of a split model named ``*-00001-of-000NN.gguf``)."""
+    m = re.fullmatch(r"(.*)-(\d{5})-of-(\d{5})\.gguf", path)
+    if not m:
+        return os.path.getsize(path)
+    n = int(m.group(3))
+    return sum(os.path.getsize(f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)
+               if os.path.exists(f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf"))
+
+
+def cache_load_mode(path: str, mparams: ModelParams, cache_bytes: int) -> bool:
+    """With the MoE cache on and the load mode left at ``auto``, load without mmap when the model's
+    files take at most 80% of the available memory: the device reads the cached experts from pinned
+    host memory, and mmap'ed pages usually cannot be pinned. Larger models keep mmap (and the host
+    lookups). Returns True if the load mode was changed."""
+    if cache_bytes <= 0 or mparams.ptr.load_mode != lib.LLAMA_LOAD_MODE_AUTO:
+        return False
+    avail = available_memory()
+    size = model_files_size(path)
+    if avail is None or size > CACHE_NO_MMAP_FRACTION * avail:
+        logger.info("moe_cache_mib: the model (%d MiB) keeps mmap, more than %d%% of the available memory (%s)",
+                    size // MIB, int(CACHE_NO_MMAP_FRACTION * 100),
+                    "unknown" if avail is None else f"{avail // MIB} MiB")
+        return False
+    mparams.ptr.load_mode = lib.LLAMA_LOAD_MODE_NONE
+    logger.info("moe_cache_mib: loading without mmap (load_mode none) so the experts can be pinned: the model "
+                "takes %d of %d MiB available", size // MIB, avail // MIB)
+    return True
 
 
 def _margins(fit_target_mib: int | list[int] | None) -> Any:

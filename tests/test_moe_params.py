@@ -162,3 +162,25 @@ def test_moe_cache_on_gpu(caplog: pytest.LogCaptureFixture, path: Path) -> None:
         assert llm("The quick brown fox", max_tokens=8, temperature=0)["usage"]["completion_tokens"] >= 1
     # upstream logs the cache's size when it is created ("CUDA0 MoE cache size = ...")
     assert any("MoE cache size" in r.getMessage() for r in caplog.records)
+
+
+def test_cache_loads_without_mmap_when_the_model_fits(monkeypatch: pytest.MonkeyPatch, path: Path,
+                                                      tmp_path: Path) -> None:
+    from pyllama_moe.params import ModelParams
+
+    size = moe.model_files_size(str(path))
+    assert size == path.stat().st_size
+    mp = ModelParams()
+    assert mp.ptr.load_mode == lib.LLAMA_LOAD_MODE_AUTO
+    assert not moe.cache_load_mode(str(path), mp, 0)  # no cache: nothing changes
+    monkeypatch.setattr(moe, "available_memory", lambda: size)  # the model would take 100%: keeps mmap
+    assert not moe.cache_load_mode(str(path), mp, 1 << 20) and mp.ptr.load_mode == lib.LLAMA_LOAD_MODE_AUTO
+    monkeypatch.setattr(moe, "available_memory", lambda: 2 * size)
+    assert moe.cache_load_mode(str(path), mp, 1 << 20) and mp.ptr.load_mode == lib.LLAMA_LOAD_MODE_NONE
+    chosen = ModelParams(load_mode=lib.LLAMA_LOAD_MODE_MMAP)  # a mode the user chose is kept
+    assert not moe.cache_load_mode(str(path), chosen, 1 << 20) and chosen.ptr.load_mode == lib.LLAMA_LOAD_MODE_MMAP
+    # a split model counts all of its parts
+    for i in (1, 2):
+        (tmp_path / f"m-{i:05d}-of-00002.gguf").write_bytes(b"x" * (100 * i))
+    assert moe.model_files_size(str(tmp_path / "m-00001-of-00002.gguf")) == 300
+    assert moe.available_memory() is None or moe.available_memory() > 0
