@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,8 @@ def test_unknown_setup_is_an_error(tiny: Path) -> None:
 def test_overhead_rows(tiny: Path) -> None:
     rows = bench.overhead(tiny, n=8, reps=1)
     assert [r["path"] for r in rows] == ["bare decode loop", "create_completion greedy", "create_completion typical"]
-    assert all(r["tokens"] > 0 and r["us_per_token"] > 0 for r in rows)
+    assert all(r["tokens"] > 0 and math.isfinite(r["us_per_token"]) for r in rows)
+    assert rows[0]["us_per_token"] > 0  # the API rows subtract a prompt time measured apart: noise can make them <= 0
     assert rows[0]["overhead_us"] == 0.0
     table = bench.overhead_table(rows).splitlines()
     assert len(table) == 5 and table[0].startswith("| path |")
