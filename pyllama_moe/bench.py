@@ -32,7 +32,7 @@ from typing import Any
 
 EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
 CACHE_LINE = re.compile(
-    r"llama_moe_cache: (?P<kind>ubatch\s+[<>]=?\s*\d+): hits = (?P<hits>\d+), misses = (?P<misses>\d+), "
+    r"llama_moe_cache: (?P<kind>ubatch\s+[<>]=?\s*\d+|device lookups): hits = (?P<hits>\d+), misses = (?P<misses>\d+), "
     r"hit rate = (?P<rate>[\d.]+)%, uploaded = (?P<mib>[\d.]+) MiB")
 PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging (?P<mib>[\d.]+) MiB, "
                            r"(?P<n>\d+) of (?P<of>\d+) splits")
@@ -348,7 +348,7 @@ def table(rows: Iterable[Row]) -> str:
         sw = ",".join(f"{k}={v}" for k, v in sorted(r.switches.items())) or "-"
         cell = lines.setdefault((r.setup, sw, "python" if r.tool == "python" else "native"), {})
         cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
-        small = r.cache.get("ubatch <= 8")
+        small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
         if small:
             cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
         pf = r.cache.get("prefetch")

@@ -157,6 +157,19 @@ class Context:
     def perf_reset(self) -> None:
         lib.llama_perf_context_reset(self.ptr)
 
+    def moe_cache_stats(self) -> dict[str, dict[str, int]] | None:
+        """The MoE cache's counts by lookup path, None without a cache (see ``Llama.moe_cache_stats``)."""
+        st = ffi.new("struct llama_moe_cache_stats *")
+        if not lib.llama_moe_cache_get_stats(self.ptr, st):
+            return None
+        out = {}
+        for path in ("small", "large", "device"):
+            hits, misses = getattr(st, f"hits_{path}"), getattr(st, f"misses_{path}")
+            out[path] = {"hits": hits, "misses": misses, "bytes_uploaded": getattr(st, f"bytes_{path}"),
+                         "hit_rate": hits / (hits + misses) if hits + misses else 0.0}
+        out["copied"] = {"experts": st.n_copied, "bytes": st.bytes_copied}
+        return out
+
     def set_abort_callback(self, fn: Callable[[], bool] | None) -> None:
         """Called during decode: returning True aborts it (``DecodeError`` code 2). Costs a call
         into Python per graph step, so it is off unless asked for."""

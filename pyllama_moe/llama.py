@@ -347,6 +347,17 @@ class Llama:
         return self._ctx.n_ctx()
 
     @_open
+    def moe_cache_stats(self) -> dict[str, dict[str, int]] | None:
+        """The MoE cache's counts since the context was created, None if it has no cache.
+
+        Experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per MoE layer and
+        ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
+        and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
+        ubatches read from the cache instead of host memory.
+        """
+        return self._ctx.moe_cache_stats()
+
+    @_open
     def n_embd(self) -> int:
         return self._model.n_embd()
 

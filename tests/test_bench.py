@@ -13,6 +13,7 @@ from pyllama_moe import bench
 BATCHED_OUT = """
 llama_moe_cache: ubatch <= 8: hits = 182, misses = 16, hit rate = 91.92%, uploaded = 0.05 MiB
 llama_moe_cache: ubatch  > 8: hits = 10, misses = 5, hit rate = 66.67%, uploaded = 1.50 MiB
+llama_moe_cache: device lookups: hits = 900, misses = 100, hit rate = 90.00%, uploaded = 12.50 MiB
 {"n_kv_max": 2208, "n_batch": 2048, "n_ubatch": 2048, "flash_attn": 1, "is_pp_shared": 0, "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16, "pp": 2048, "tg": 128, "pl": 1, "n_kv": 2176, "t_pp": 0.679, "speed_pp": 3015.2, "t_tg": 0.838, "speed_tg": 152.8, "t": 1.5, "speed": 1450.0}
 """
 
@@ -28,6 +29,7 @@ def test_parse_cache_stats_and_jsonl() -> None:
     stats = bench.parse_cache_stats(BATCHED_OUT)
     assert stats["ubatch <= 8"] == {"hits": 182, "misses": 16, "hit_rate": 91.92, "uploaded_mib": 0.05}
     assert stats["ubatch > 8"]["uploaded_mib"] == 1.5
+    assert stats["device lookups"] == {"hits": 900, "misses": 100, "hit_rate": 90.0, "uploaded_mib": 12.5}
     rows = bench.parse_jsonl(BATCHED_OUT + "\n{broken\n")
     assert len(rows) == 1 and rows[0]["speed_tg"] == 152.8
 

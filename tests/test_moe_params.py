@@ -184,3 +184,8 @@ def test_cache_loads_without_mmap_when_the_model_fits(monkeypatch: pytest.Monkey
         (tmp_path / f"m-{i:05d}-of-00002.gguf").write_bytes(b"x" * (100 * i))
     assert moe.model_files_size(str(tmp_path / "m-00001-of-00002.gguf")) == 300
     assert moe.available_memory() is None or moe.available_memory() > 0
+
+
+def test_no_cache_no_stats(path: Path) -> None:
+    with Llama(str(path), n_ctx=64, verbose=False) as llm:
+        assert llm.moe_cache_stats() is None

@@ -35,8 +35,20 @@ def test_alloc() -> None:
     assert "PASSED" in out and "FAILED" not in out
 
 
+def test_moe_cache_lookup_reference() -> None:
+    # the CPU reference of GGML_OP_MOE_CACHE_LOOKUP against a model of the cache and its invariants
+    out = run("test-moe-cache-lookup")
+    assert out.strip().endswith("OK"), out[-2000:]
+
+
+def test_moe_cache_lookup_cpu_backend() -> None:
+    # test-backend-ops builds the op's cases (side effects included) and runs them on the CPU
+    out = run("test-backend-ops", "-o", "MOE_CACHE_LOOKUP", "-b", "CPU")
+    assert "FAIL" not in out and "OK" in out, out[-2000:]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["MUL_MAT_ID", "GET_ROWS", "CPY"])
+@pytest.mark.parametrize("op", ["MUL_MAT_ID", "GET_ROWS", "CPY", "MOE_CACHE_LOOKUP"])
 def test_backend_ops_on_the_gpu(op: str) -> None:
     gpu = next(d.name for d in backend.devices() if d.type == "gpu")
     out = run("test-backend-ops", "-o", op, "-b", gpu)
