@@ -101,16 +101,11 @@ def cache_size(moe_cache_mib: int | str) -> int | str:
 CACHE_NO_MMAP_FRACTION = 0.8  # of the available memory
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux ``MemAvailable``), None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def available_memory(root: str | None = None) -> int | None:
+    """Bytes a new allocation can get: the system's available memory within the process's cgroup
+    limits (``llama_available_memory``), None if unknown. ``root`` prefixes /proc and /sys (tests)."""
+    n = int(lib.llama_available_memory(root.encode() if root is not None else ffi.NULL))
+    return n if n >= 0 else None
 
 
 def model_files_size(path: str) -> int:
