@@ -372,8 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
     ap.add_argument("--preset", help="make the model with pyllama_moe.synth if the file does not exist")
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma list of {', '.join(SETUPS)}")
-    ap.add_argument("--switch", action="append", default=[], metavar="ENV",
-                    help="a kill switch: each setup runs with ENV unset and with ENV=0 (repeatable)")
+    ap.add_argument("--switch", action="append", default=[], metavar="ENV[=VALUE]",
+                    help="a switch: each setup runs with ENV unset and with ENV=VALUE (default 0: a kill switch; "
+                         "e.g. LLAMA_MOE_CACHE_DEVICE=1 for an opt-in feature) (repeatable)")
     ap.add_argument("--pp", default="512,2048", help="prompt lengths (default 512,2048)")
     ap.add_argument("--ub", default="512,2048", help="ubatch sizes (default 512,2048)")
     ap.add_argument("--tg", type=int, default=128, help="tokens generated (default 128)")
@@ -407,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = backend.gpu_available()
     pp = [int(x) for x in args.pp.split(",")]
     ub = [int(x) for x in args.ub.split(",")]
-    settings = [{}] + [{sw: "0"} for sw in args.switch]
+    settings = [{}] + [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
     rows: list[Row] = []
     skipped, failed = [], []
     bw: dict[str, float] = {}

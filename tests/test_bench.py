@@ -66,7 +66,8 @@ def test_cache_setup_runs_batched_bench_with_its_share(tiny: Path) -> None:
 def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
     rc = bench.main([str(tiny), "--setups", "cpu_moe-mmap,cpu_moe-none", "--pp", "64", "--ub", "32,64",
-                     "--tg", "4", "--reps", "1", "--switch", "LLAMA_EXAMPLE_SWITCH", "--json", str(out)])
+                     "--tg", "4", "--reps", "1", "--switch", "LLAMA_EXAMPLE_SWITCH", "--switch", "LLAMA_OPT_IN=1",
+                     "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "MISMATCH" not in text
     lines = [ln for ln in text.splitlines() if ln.startswith("|")]
@@ -74,7 +75,7 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert header == "| setup | switches | via | pp64 ub32 | pp64 ub64 | tg4 | cache (decode) | prefetch staging |"
     assert rule.count("---") == 8
     assert [[c.strip() for c in b.split("|")[1:4]] for b in body] == [
-        [s, sw, via] for s in ("cpu_moe-mmap", "cpu_moe-none") for sw in ("-", "LLAMA_EXAMPLE_SWITCH=0")
+        [s, sw, via] for s in ("cpu_moe-mmap", "cpu_moe-none") for sw in ("-", "LLAMA_EXAMPLE_SWITCH=0", "LLAMA_OPT_IN=1")
         for via in ("native", "python")]
     for b in body:
         cells = [c.strip() for c in b.split("|")[4:7]]
@@ -86,7 +87,7 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert data["mismatches"] == []
     native = [r for r in data["rows"] if r["tool"] == "llama-bench"]
     api = [r for r in data["rows"] if r["tool"] == "python"]
-    assert len(native) == 4 * 3 and len(api) == 4 * 2
+    assert len(native) == 6 * 3 and len(api) == 6 * 2
     # the same placement gives the same logits and greedy tokens whatever the (here inert) switch says
     for setup in ("cpu_moe-mmap", "cpu_moe-none"):
         for kind in ("n_prompt", "n_gen"):
