@@ -27,12 +27,11 @@ def moe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                              skew=1.0, seed=9, n_layer=4)
 
 
-def run(monkeypatch: pytest.MonkeyPatch, path: Path, device: str, prompt: str, cache_fraction: float = 0.5
+def run(monkeypatch: pytest.MonkeyPatch, path: Path, device: str, prompt: str, cache_bytes: int = 8 << 20
         ) -> tuple[list[int], np.ndarray]:
     monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)  # read when the context creates its cache
     with model(path, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
-        size = int(lib.llama_model_size(m) * cache_fraction)
-        return greedy(m, prompt, 24, moe_cache_size=size)
+        return greedy(m, prompt, 24, moe_cache_size=cache_bytes)
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, LONG])
@@ -45,7 +44,8 @@ def test_device_lookup_is_byte_identical(monkeypatch: pytest.MonkeyPatch, moe: P
 
 
 def test_device_lookup_matches_all_on_gpu(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    # decode steps read the experts from their slots: the same weights as all on the GPU
+    # decode steps read the experts from their slots: the same weights as all on the GPU (for gpt-oss the
+    # all-GPU path fuses MUL_MAT_ID with the bias ADD_ID, the cached one cannot: same float ops, unfused)
     with model(moe, n_gpu_layers=-1) as m:
         gpu_tokens, gpu_logits = greedy(m, PROMPT, 24)
     dev_tokens, dev_logits = run(monkeypatch, moe, "1", PROMPT)
@@ -54,9 +54,10 @@ def test_device_lookup_matches_all_on_gpu(monkeypatch: pytest.MonkeyPatch, moe: 
 
 
 def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    # a cache far smaller than the experts: every step evicts, the CLOCK sweep and the uploads run
-    host = run(monkeypatch, moe, "0", PROMPT, cache_fraction=0.02)
-    dev = run(monkeypatch, moe, "1", PROMPT, cache_fraction=0.02)
+    # 32 KiB: a few slots of ~3.4 KiB for the 32 experts (4 layers x 8), less the gpt-oss biases' device copies:
+    # every decode step evicts, the CLOCK sweep and the uploads run
+    host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=32 << 10)
+    dev = run(monkeypatch, moe, "1", PROMPT, cache_bytes=32 << 10)
     assert dev[0] == host[0] and dev[1].tobytes() == host[1].tobytes()
 
 
@@ -73,3 +74,26 @@ def test_stats_reach_python(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
             assert stats["device"]["bytes_uploaded"] > 0
         else:
             assert looked_up["device"] == 0 and looked_up["small"] > 0, stats
+
+
+def test_warmup_selecting_every_expert_does_not_abort(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    # llama.cpp's warmup routes each token to every expert: more than a small cache's slots; such a
+    # ubatch reads the host experts instead of building the lookup (whose asserts would abort)
+    from pyllama_moe.errors import ContextError, check_decode, check_ptr
+    from pyllama_moe.ffi import ffi
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "1")
+    with model(moe, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = 64
+        cparams.moe_cache_size = 32 << 10
+        ctx = check_ptr(lib.llama_init_from_model(m, cparams), ContextError, "cannot create the context")
+        try:
+            toks = ffi.new("llama_token[]", [1, 2])
+            lib.llama_set_warmup(ctx, True)
+            check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(toks, 2)))
+            lib.llama_set_warmup(ctx, False)
+            lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
+            check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(toks, 1)))
+        finally:
+            lib.llama_free(ctx)
