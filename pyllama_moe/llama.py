@@ -20,10 +20,10 @@ from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import Completion, Session, embed, logits_to_logprobs, make_request
 from pyllama_moe.context import Context
 from pyllama_moe.errors import ClosedError
-from pyllama_moe.ffi import lib
+from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.model import LoraAdapter, Model
 from pyllama_moe.vocab import LlamaTokenizer
-from pyllama_moe.params import ContextParams, ModelParams, check_int, load_mode
+from pyllama_moe.params import ContextParams, ModelParams, check_int, load_mode, load_mode_name
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.types import CreateEmbeddingResponse, LlamaState
 
@@ -178,8 +178,10 @@ class Llama:
         self._fit(fit, fit_target_mib, cache)
         moe.cache_load_mode(self.model_path, self.model_params, self.context_params.ptr.moe_cache_size)
         self._load()
+        self.placement = self._placement()
         if verbose:
             logger.info("%s", backend.system_info().strip())
+            logger.info("placement: %s", ", ".join(f"{k}={v}" for k, v in self.placement.items()))
         self.chat_format = chat_format
         self.chat_handler = chat_handler
         self._chat_handlers: dict[str, Any] = {}
@@ -256,6 +258,23 @@ class Llama:
         self._sampler: Sampler | None = None
         self.metadata = self._model.metadata()
         self._closed = False
+
+    def _placement(self) -> dict[str, Any]:
+        """Where the weights went, as chosen by the arguments and ``fit`` / ``moe_cache_mib="auto"``."""
+        mp, cp = self.model_params.ptr, self.context_params.ptr
+        n_layer = self._model.n_layer()
+        overrides, p, i = [], mp.tensor_buft_overrides, 0
+        while p != ffi.NULL and p[i].pattern != ffi.NULL:
+            overrides.append(ffi.string(p[i].pattern).decode())
+            i += 1
+        return {
+            "n_gpu_layers": n_layer + 1 if mp.n_gpu_layers < 0 else min(int(mp.n_gpu_layers), n_layer + 1),
+            "n_layer": n_layer,
+            "host_tensor_patterns": overrides,
+            "moe_cache_mib": int(cp.moe_cache_size) // moe.MIB,
+            "load_mode": load_mode_name(mp.load_mode),
+            "n_ctx": int(cp.n_ctx),
+        }
 
     def _own(self, handle: Any) -> Any:
         self._handles.append(handle)

@@ -189,3 +189,16 @@ def test_cache_loads_without_mmap_when_the_model_fits(monkeypatch: pytest.Monkey
 def test_no_cache_no_stats(path: Path) -> None:
     with Llama(str(path), n_ctx=64, verbose=False) as llm:
         assert llm.moe_cache_stats() is None
+
+
+def test_placement_is_reported(caplog: pytest.LogCaptureFixture, path: Path) -> None:
+    with Llama(str(path), n_ctx=64, cpu_moe=True, load_mode="none", verbose=False) as llm:
+        p = llm.placement
+    assert p["host_tensor_patterns"] == [moe.FFN_EXPS_REGEX] and p["load_mode"] == "none"
+    assert p["n_gpu_layers"] == 0 and p["n_layer"] >= 1 and p["n_ctx"] == 64 and p["moe_cache_mib"] == 0
+    with caplog.at_level(logging.INFO, logger="pyllama_moe"):
+        with Llama(str(path), n_ctx=0, fit=True, moe_cache_mib="auto", verbose=True) as llm:
+            p = llm.placement
+    # the fit's choices: all layers where it put them, the context it chose
+    assert p["n_ctx"] >= 256 and 0 <= p["n_gpu_layers"] <= p["n_layer"] + 1
+    assert any(r.getMessage().startswith("placement: n_gpu_layers=") for r in caplog.records)
