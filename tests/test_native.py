@@ -41,6 +41,12 @@ def test_moe_cache_lookup_reference() -> None:
     assert out.strip().endswith("OK"), out[-2000:]
 
 
+def test_copy_regions_semantics() -> None:
+    # ggml_backend_tensor_copy_regions_async on CPU buffers against a byte-by-byte reference (patch 0013)
+    out = run("test-copy-regions")
+    assert out.strip().endswith("OK"), out[-2000:]
+
+
 def test_moe_cache_lookup_cpu_backend() -> None:
     # test-backend-ops builds the op's cases (side effects included) and runs them on the CPU
     out = run("test-backend-ops", "-o", "MOE_CACHE_LOOKUP", "-b", "CPU")
