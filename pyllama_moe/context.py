@@ -157,7 +157,7 @@ class Context:
     def perf_reset(self) -> None:
         lib.llama_perf_context_reset(self.ptr)
 
-    def moe_cache_stats(self) -> dict[str, dict[str, int]] | None:
+    def moe_cache_stats(self) -> dict[str, dict[str, float]] | None:
         """The MoE cache's counts by lookup path, None without a cache (see ``Llama.moe_cache_stats``)."""
         st = ffi.new("struct llama_moe_cache_stats *")
         if not lib.llama_moe_cache_get_stats(self.ptr, st):

@@ -20,7 +20,7 @@ from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import Completion, Session, embed, logits_to_logprobs, make_request
 from pyllama_moe.context import Context
 from pyllama_moe.errors import ClosedError
-from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.ffi import lib
 from pyllama_moe.model import LoraAdapter, Model
 from pyllama_moe.vocab import LlamaTokenizer
 from pyllama_moe.params import ContextParams, ModelParams, check_int, load_mode, load_mode_name
@@ -263,14 +263,10 @@ class Llama:
         """Where the weights went, as chosen by the arguments and ``fit`` / ``moe_cache_mib="auto"``."""
         mp, cp = self.model_params.ptr, self.context_params.ptr
         n_layer = self._model.n_layer()
-        overrides, p, i = [], mp.tensor_buft_overrides, 0
-        while p != ffi.NULL and p[i].pattern != ffi.NULL:
-            overrides.append(ffi.string(p[i].pattern).decode())
-            i += 1
         return {
             "n_gpu_layers": n_layer + 1 if mp.n_gpu_layers < 0 else min(int(mp.n_gpu_layers), n_layer + 1),
             "n_layer": n_layer,
-            "host_tensor_patterns": overrides,
+            "host_tensor_patterns": self.model_params.override_patterns(),
             "moe_cache_mib": int(cp.moe_cache_size) // moe.MIB,
             "load_mode": load_mode_name(mp.load_mode),
             "n_ctx": int(cp.n_ctx),
@@ -366,7 +362,7 @@ class Llama:
         return self._ctx.n_ctx()
 
     @_open
-    def moe_cache_stats(self) -> dict[str, dict[str, int]] | None:
+    def moe_cache_stats(self) -> dict[str, dict[str, float]] | None:
         """The MoE cache's counts since the context was created, None if it has no cache.
 
         Experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per MoE layer and

@@ -159,6 +159,13 @@ class ModelParams:
         self._keep.append(arr)
         self.ptr.tensor_buft_overrides = arr
 
+    def override_patterns(self) -> list[str]:
+        """The tensor name patterns of the overrides in effect (the fit may have replaced those set here)."""
+        p, out = self.ptr.tensor_buft_overrides, []
+        while p != ffi.NULL and p[len(out)].pattern != ffi.NULL:
+            out.append(ffi.string(p[len(out)].pattern).decode())
+        return out
+
     def _set_kv_overrides(self, kv: Mapping[str, bool | int | float | str]) -> None:
         if not isinstance(kv, Mapping):
             raise ValueError(f"kv_overrides must be a dict of GGUF key -> value, got {kv!r}")

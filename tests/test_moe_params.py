@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pyllama_moe import backend, moe
-from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.ffi import lib
 from pyllama_moe.llama import Llama
 
 from llama_models import model_path
@@ -34,12 +34,7 @@ def overridden(lines: list[str]) -> dict[str, str]:
 
 
 def patterns(llm: Llama) -> list[str]:
-    p = llm.model_params.ptr.tensor_buft_overrides
-    out, i = [], 0
-    while p != ffi.NULL and p[i].pattern != ffi.NULL:
-        out.append(ffi.string(p[i].pattern).decode())
-        i += 1
-    return out
+    return llm.model_params.override_patterns()
 
 
 EXPERTS = {f"blk.{il}.ffn_{w}_exps.weight" for il in (0, 1) for w in ("up", "down", "gate")}

@@ -229,8 +229,8 @@ def convert_logprobs_to_chat(logprobs: dict[str, Any] | None) -> dict[str, Any] 
     }
 
 
-def _completion_to_chat(completion: dict[str, Any]) -> dict[str, Any]:
-    choice = completion["choices"][0]
+def _chat_completion(completion: dict[str, Any], message: dict[str, Any], finish_reason: Any) -> dict[str, Any]:
+    """The ``chat.completion`` of a ``text_completion`` with one choice that says ``message``."""
     return {
         "id": "chat" + completion["id"],
         "object": "chat.completion",
@@ -239,19 +239,29 @@ def _completion_to_chat(completion: dict[str, Any]) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": choice["text"]},
-                "logprobs": convert_logprobs_to_chat(choice.get("logprobs")),
-                "finish_reason": choice["finish_reason"],
+                "message": message,
+                "logprobs": convert_logprobs_to_chat(completion["choices"][0].get("logprobs")),
+                "finish_reason": finish_reason,
             }
         ],
         "usage": completion["usage"],
     }
 
 
+def _chunk_head(chunk: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a ``chat.completion.chunk`` that come from the completion chunk."""
+    return {"id": "chat" + chunk["id"], "object": "chat.completion.chunk", "created": chunk["created"],
+            "model": chunk["model"]}
+
+
+def _completion_to_chat(completion: dict[str, Any]) -> dict[str, Any]:
+    choice = completion["choices"][0]
+    return _chat_completion(completion, {"role": "assistant", "content": choice["text"]}, choice["finish_reason"])
+
+
 def _chunks_to_chat(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     for i, chunk in enumerate(chunks):
-        head = {"id": "chat" + chunk["id"], "model": chunk["model"], "created": chunk["created"],
-                "object": "chat.completion.chunk"}
+        head = _chunk_head(chunk)
         choice = chunk["choices"][0]
         if i == 0:
             yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
@@ -275,29 +285,15 @@ def convert_completion_to_chat_function(tool_name: str, completion_or_chunks: An
     """A completion of a forced call of ``tool_name`` as an assistant message with ``tool_calls``."""
     if not stream:
         completion = completion_or_chunks
-        choice = completion["choices"][0]
-        call = {"name": tool_name, "arguments": choice["text"]}
-        return {
-            "id": "chat" + completion["id"],
-            "object": "chat.completion",
-            "created": completion["created"],
-            "model": completion["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": None,
-                        "function_call": call,
-                        "tool_calls": [{"id": "call__0_" + tool_name + "_" + completion["id"], "type": "function",
-                                        "function": dict(call)}],
-                    },
-                    "logprobs": convert_logprobs_to_chat(choice.get("logprobs")),
-                    "finish_reason": "tool_calls",
-                }
-            ],
-            "usage": completion["usage"],
+        call = {"name": tool_name, "arguments": completion["choices"][0]["text"]}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "function_call": call,
+            "tool_calls": [{"id": "call__0_" + tool_name + "_" + completion["id"], "type": "function",
+                            "function": dict(call)}],
         }
+        return _chat_completion(completion, message, "tool_calls")
     return _function_chunks(tool_name, completion_or_chunks)
 
 
@@ -306,15 +302,13 @@ def _function_chunks(tool_name: str, chunks: Iterator[dict[str, Any]]) -> Iterat
     tool_id = None
     for chunk in chunks:
         if head is None:
-            head = {"id": "chat" + chunk["id"], "object": "chat.completion.chunk", "created": chunk["created"],
-                    "model": chunk["model"]}
+            head = _chunk_head(chunk)
             tool_id = "call__0_" + tool_name + "_" + chunk["id"]
             yield {**head, "choices": [{"index": 0, "finish_reason": None, "logprobs": None, "delta": {
                 "role": "assistant", "content": None, "function_call": None, "tool_calls": None}}]}
         text = chunk["choices"][0]["text"]
         yield {
-            "id": "chat" + chunk["id"], "object": "chat.completion.chunk", "created": chunk["created"],
-            "model": chunk["model"],
+            **_chunk_head(chunk),
             "choices": [{
                 "index": 0,
                 "finish_reason": None,
