@@ -2,7 +2,9 @@
 # On a CUDA machine: build with CUDA (sm_90 unless CMAKE_ARGS says otherwise) into a build folder
 # outside the source tree (kept, so a second run rebuilds only what changed), install, then
 #   ci/gpu.sh [pytest args]        run the GPU-marked tests (e.g. ci/gpu.sh -k ffi)
-#   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model in /tmp if absent, run the
+#   ci/gpu.sh build                only build and install
+#   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup
+#   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
 # Needs no network: the build uses the installed scikit-build-core and cffi.
 set -euo pipefail
@@ -18,12 +20,24 @@ start=$(date +%s)
     -C build-dir="$BUILD_DIR" -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON .
 echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
 
+[ "${1:-}" = build ] && exit 0
+if [ "${1:-}" = sanitize ]; then
+    # the device lookup and the prefetch under compute-sanitizer, with and without the admission policy
+    export GGML_SCHED_PREFETCH_MIN_BATCH=1
+    for admit in 0 1; do
+        for arch in qwen3moe gpt-oss; do
+            LLAMA_MOE_CACHE_ADMIT=$admit compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
+        done
+    done
+    exit 0
+fi
 start=$(date +%s)
 if [ "${1:-}" = bench ]; then
     shift
     out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
     model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b.gguf}
-    "$PY" -m pyllama_moe bench "$model" --preset 30b-a3b --json "$out/bench.json" "$@" | tee "$out/bench.md"
+    dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
+    "$PY" -m pyllama_moe bench "$model" --dense "$dense" --preset 30b-a3b --json "$out/bench.json" "$@" | tee "$out/bench.md"
     echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
 else
     "$PY" -m pytest -ra -p no:cacheprovider -m gpu tests "$@"

@@ -61,6 +61,16 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
     assert dev[0] == host[0] and dev[1].tobytes() == host[1].tobytes()
 
 
+@pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
+def test_admission_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
+    # LLAMA_MOE_CACHE_ADMIT=1 (patch 0014): misses used less often than the expert they would evict go
+    # through scratch slots; the experts read are the same, so are the results
+    host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT", "1")
+    admit = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
+    assert admit[0] == host[0] and admit[1].tobytes() == host[1].tobytes()
+
+
 def test_stats_reach_python(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
     for device in ("1", "0"):
         monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)

@@ -1,0 +1,29 @@
+"""A short decode through the MoE cache's device lookup (and a prefetched prompt), small enough to run
+under compute-sanitizer: ``ci/gpu.sh sanitize`` runs it with each lookup policy."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from pyllama_moe import synth
+from pyllama_moe.llama import Llama
+
+
+def main() -> int:
+    arch = sys.argv[1] if len(sys.argv) > 1 else "qwen3moe"
+    path = os.path.join(tempfile.gettempdir(), f"pyllama-moe-sanitize-{arch}.gguf")
+    if not os.path.exists(path):
+        synth.write_model(path, "tiny", arch=arch, skew=1.0, seed=3, n_layer=2)
+    # a cache of 1 MiB holds a few experts: lookups evict, and with LLAMA_MOE_CACHE_ADMIT=1 use scratch slots
+    with Llama(path, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=1, n_ctx=512, n_batch=512,
+               verbose=False) as llm:
+        out = llm("The quick brown fox " * 20, max_tokens=12, temperature=0)
+        stats = llm.moe_cache_stats()
+    print(f"{arch}: {out['choices'][0]['text']!r} {stats}")
+    return 0 if stats and stats["device"]["hits"] + stats["device"]["misses"] > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
