@@ -1,8 +1,9 @@
 """``python -m pyllama_moe bench``: prompt and generation speed, setup by setup, side by side.
 
 Runs a matrix of placements (all on the GPU, experts in host memory with mmap or pinned memory,
-the MoE cache at fractions of the expert bytes), each with every kill switch given by ``--switch``
-both unset (our behaviour) and set to 0 (upstream's), through the native tools of our patched
+the MoE cache at fractions of the expert bytes; with ``--dense``, a dense model all on the GPU and
+half in host memory), each with every kill switch given by ``--switch`` both unset (our behaviour)
+and set to 0, and with ``--upstream`` all of them at 0 (upstream's behaviour), through the native tools of our patched
 build (``llama-bench`` for prompt/generation, ``llama-batched-bench`` where the MoE cache is on, as
 ``llama-bench`` has no cache option) and through the Python API (``Llama.eval`` for the longest
 prompt at the largest ubatch, greedy ``create_completion`` for generation), so the Python overhead
@@ -47,8 +48,26 @@ class Setup:
     bench_args: tuple[str, ...]    # llama-bench only
     batched_args: tuple[str, ...]  # llama-batched-bench only
     cache_fraction: float = 0.0    # of the expert bytes; > 0 runs llama-batched-bench
+    cache_mib_fixed: int = 0       # or a size in MiB (the cache-<N>mib setups)
     needs_gpu: bool = True
     llama_kwargs: tuple[tuple[str, Any], ...] = ()  # the same placement as Llama keyword arguments
+    dense: bool = False            # runs on the --dense model; "{half}" and "{upper}" in the arguments are
+                                   # half its layers and a pattern of the FFN weights of its upper half
+
+    @property
+    def has_cache(self) -> bool:
+        return self.cache_fraction > 0 or self.cache_mib_fixed > 0
+
+    def resolve(self, n_layer: int) -> Setup:
+        """The setup with its placeholders filled in for a model of ``n_layer`` layers."""
+        half = n_layer // 2
+        upper = r"blk\.(" + "|".join(map(str, range(half, n_layer))) + r")\.ffn_(up|down|gate)\.weight"
+
+        def fill(v: Any) -> Any:  # a keyword argument that is only "{half}" is the number
+            return half if v == "{half}" else v.format(half=half, upper=upper) if isinstance(v, str) else v
+
+        return dataclasses.replace(self, args=tuple(a.format(half=half, upper=upper) for a in self.args),
+                                   llama_kwargs=tuple((k, fill(v)) for k, v in self.llama_kwargs))
 
 
 _HOST = (("n_gpu_layers", -1), ("cpu_moe", True))
@@ -62,7 +81,32 @@ SETUPS: dict[str, Setup] = {
                       llama_kwargs=(*_HOST, ("load_mode", "none"))),
     "cache-80": Setup("cache-80", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.80,
                       llama_kwargs=(*_HOST, ("load_mode", "none"))),
+    # a dense model (--dense) with half of it in pinned host memory: its upper layers (-ngl, their KV cache
+    # and attention on the CPU too), or only their FFN weights (-ot, everything else on the GPU)
+    "dense-gpu": Setup("dense-gpu", ("-ngl", "99"), (), (), dense=True, llama_kwargs=(("n_gpu_layers", -1),)),
+    "dense-ngl-half": Setup("dense-ngl-half", ("-ngl", "{half}", "-lm", "none"), (), (), needs_gpu=False, dense=True,
+                            llama_kwargs=(("n_gpu_layers", "{half}"), ("load_mode", "none"))),
+    "dense-ffn-half": Setup("dense-ffn-half", ("-ngl", "99", "-lm", "none", "-ot", "{upper}=CPU"), (), (),
+                            needs_gpu=False, dense=True,
+                            llama_kwargs=(("n_gpu_layers", -1), ("load_mode", "none"), ("override_tensor", "{upper}=CPU"))),
 }
+DENSE_SETUPS = tuple(n for n, s in SETUPS.items() if s.dense)
+CACHE_MIB_SETUP = re.compile(r"cache-(\d+)mib")
+
+
+def setup_named(name: str) -> Setup | None:
+    """A setup of SETUPS, or ``cache-<N>mib``: the cache setups with a cache of N MiB."""
+    m = CACHE_MIB_SETUP.fullmatch(name)
+    if m and int(m.group(1)) > 0:
+        return dataclasses.replace(SETUPS["cache-25"], name=name, cache_fraction=0.0, cache_mib_fixed=int(m.group(1)))
+    return SETUPS.get(name)
+
+# every kill switch of the patch series: all of them at 0 is upstream's behaviour (--upstream)
+KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE",
+                 "LLAMA_SAMPLER_PENALTIES_INDEXED")
+UPSTREAM = "upstream"
+# --dense with --preset 30b-a3b: about 8 GiB at q4_0, a Qwen3-8B-like shape
+DENSE_SHAPE = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
 
 
 @dataclasses.dataclass
@@ -122,6 +166,25 @@ def expert_bytes(model: Path) -> int:
         lib.gguf_free(ctx)
 
 
+def block_count(model: Path) -> int:
+    """The GGUF's ``{architecture}.block_count``."""
+    from pyllama_moe.ffi import ffi, lib
+
+    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
+    ctx = lib.gguf_init_from_file(str(model).encode(), params[0])
+    if ctx == ffi.NULL:
+        raise ValueError(f"{model} is not a readable GGUF file")
+    try:
+        k = lib.gguf_find_key(ctx, b"general.architecture")
+        arch = ffi.string(lib.gguf_get_val_str(ctx, k)).decode() if k >= 0 else ""
+        k = lib.gguf_find_key(ctx, f"{arch}.block_count".encode())
+        if k < 0:
+            raise ValueError(f"{model} has no {arch}.block_count")
+        return int(lib.gguf_get_val_u32(ctx, k))
+    finally:
+        lib.gguf_free(ctx)
+
+
 # ---------------------------------------------------------------- running the tools
 
 
@@ -148,7 +211,7 @@ def run_tool(cmd: list[str], env: dict[str, str]) -> str:
 def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
             reps: int, run: Runner = run_tool) -> list[Row]:
     rows = []
-    if setup.cache_fraction == 0:
+    if not setup.has_cache:
         cmd = [str(tool_path("llama-bench")), "-m", str(model), *setup.args, *setup.bench_args, "-fa", "1",
                "-r", str(reps), "-o", "jsonl", "-p", ",".join(map(str, pp)), "-ub", ",".join(map(str, ub)),
                "-b", str(max([*ub, *pp])), "-n", str(tg)]
@@ -164,7 +227,7 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
     for p, u in ((p, u) for p in pp for u in ub if u <= p):
         cmd = [str(tool_path("llama-batched-bench")), "-m", str(model), *setup.args, *setup.batched_args,
                "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(p + tg + 16), "-b", str(p), "-ub", str(u),
-               "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl"]
+               "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl", "-lv", "3"]
         text = run(cmd, switches)
         cache = parse_cache_stats(text)
         for r in parse_jsonl(text):
@@ -174,6 +237,8 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
 
 
 def cache_mib(model: Path, setup: Setup) -> int:
+    if setup.cache_mib_fixed:
+        return setup.cache_mib_fixed
     return max(1, int(expert_bytes(model) * setup.cache_fraction) >> 20) if setup.cache_fraction else 0
 
 
@@ -203,18 +268,23 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     import numpy as np
 
+    from pyllama_moe.ffi import lib
     from pyllama_moe.llama import Llama
+    from pyllama_moe.params import physical_cores
 
     n_prompt, n_ubatch, tg = spec["n_prompt"], spec["n_ubatch"], spec["tg"]
-    # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads
+    # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
+    # the threads of llama-bench: one per physical core, for batches too
+    threads = physical_cores()
     with Llama(spec["model"], n_ctx=n_prompt + tg + 16, n_batch=n_prompt, n_ubatch=n_ubatch, flash_attn=True,
-               verbose=True, **spec["kwargs"]) as llm:
+               n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
         rng = np.random.default_rng(0)
         tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
         llm.eval(tokens[:min(n_ubatch, 64)])  # warm-up: graphs, CUDA kernels, the cache's first uploads
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(tokens)
+        lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
         t_pp = time.perf_counter() - t0
         pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
         # generation from an empty context, as llama-bench's tg: the first call warms up, the second is timed
@@ -235,8 +305,7 @@ def mismatches(rows: Iterable[Row]) -> list[str]:
     seen: dict[tuple[str, str], dict[str, str]] = {}
     for r in rows:
         if r.digest:
-            seen.setdefault((r.setup, column(r)), {})[",".join(f"{k}={v}" for k, v in sorted(r.switches.items()))
-                                                     or "-"] = r.digest
+            seen.setdefault((r.setup, column(r)), {})[switch_label(r.switches)] = r.digest
     return [f"MISMATCH {setup} {col}: " + ", ".join(f"{sw} -> {d}" for sw, d in by_sw.items())
             for (setup, col), by_sw in seen.items() if len(set(by_sw.values())) > 1]
 
@@ -291,6 +360,7 @@ def overhead(model: Path, n: int = 128, n_gpu_layers: int = 0, reps: int = 3) ->
             t0 = time.perf_counter()
             if lib.llama_decode(ctx, lib.llama_batch_get_one(arr, len(tokens))) != 0:
                 raise RuntimeError("llama_decode failed")
+            lib.llama_synchronize(ctx)  # the prompt's compute belongs to the prompt, not to the first token
             t1 = time.perf_counter()
             for _ in range(n):
                 one[0] = lib.llama_sampler_sample(greedy, ctx, -1)
@@ -331,6 +401,17 @@ def overhead_table(rows: list[dict[str, float]]) -> str:
 # ---------------------------------------------------------------- the table
 
 
+def upstream_switches() -> dict[str, str]:
+    return {k: "0" for k in KILL_SWITCHES}
+
+
+def switch_label(switches: dict[str, str]) -> str:
+    """How a switch setting is shown: ``-`` for none, ``upstream`` for every kill switch at 0."""
+    if switches and switches == upstream_switches():
+        return UPSTREAM
+    return ",".join(f"{k}={v}" for k, v in sorted(switches.items())) or "-"
+
+
 def column(r: Row) -> str:
     return f"pp{r.n_prompt} ub{r.n_ubatch}" if r.n_prompt else f"tg{r.n_gen}"
 
@@ -345,7 +426,7 @@ def table(rows: Iterable[Row]) -> str:
     cols.sort(key=lambda c: (c.startswith("tg"), [int(x) for x in re.findall(r"\d+", c)]))
     lines: dict[tuple[str, str, str], dict[str, str]] = {}
     for r in rows:
-        sw = ",".join(f"{k}={v}" for k, v in sorted(r.switches.items())) or "-"
+        sw = switch_label(r.switches)
         cell = lines.setdefault((r.setup, sw, "python" if r.tool == "python" else "native"), {})
         cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
         small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
@@ -371,7 +452,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
     ap.add_argument("--preset", help="make the model with pyllama_moe.synth if the file does not exist")
-    ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma list of {', '.join(SETUPS)}")
+    ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
+                                     "and cache-<N>mib (a cache of N MiB)")
+    ap.add_argument("--dense", type=Path, help="a dense GGUF model for the dense-* setups (with --preset, written there "
+                                               "first if absent: the preset's shape as a dense qwen3)")
+    ap.add_argument("--upstream", action="store_true",
+                    help=f"also run every setup with all kill switches at 0 ({', '.join(KILL_SWITCHES)})")
     ap.add_argument("--switch", action="append", default=[], metavar="ENV[=VALUE]",
                     help="a switch: each setup runs with ENV unset and with ENV=VALUE (default 0: a kill switch; "
                          "e.g. LLAMA_MOE_CACHE_DEVICE=1 for an opt-in feature) (repeatable)")
@@ -393,46 +479,65 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"writing {args.preset} to {args.model} ...", file=sys.stderr, flush=True)
         synth.write_model(args.model, args.preset, progress=sys.stderr.isatty())
+    if args.dense and not args.dense.exists():
+        if not args.preset:
+            ap.error(f"{args.dense} does not exist (give --preset to make it)")
+        from pyllama_moe import synth
+
+        print(f"writing a dense {args.preset} to {args.dense} ...", file=sys.stderr, flush=True)
+        synth.write_model(args.dense, args.preset, arch="qwen3", progress=sys.stderr.isatty(),
+                          **(DENSE_SHAPE if args.preset == "30b-a3b" else {}))
     if args.overhead:
         rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
         print(overhead_table(rows_o))
         if args.json:
             args.json.write_text(json.dumps({"model": str(args.model), "overhead": rows_o}, indent=1))
         return 0
-    names = [s.strip() for s in args.setups.split(",") if s.strip()]
-    unknown = [n for n in names if n not in SETUPS]
+    if args.setups is None:
+        names = [n for n in SETUPS if args.dense or n not in DENSE_SETUPS]
+    else:
+        names = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [n for n in names if setup_named(n) is None]
     if unknown:
-        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}")
+        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib")
+    if not args.dense and any(n in DENSE_SETUPS for n in names):
+        ap.error("the dense-* setups need --dense MODEL")
     from pyllama_moe import backend
 
     gpu = backend.gpu_available()
     pp = [int(x) for x in args.pp.split(",")]
     ub = [int(x) for x in args.ub.split(",")]
     settings = [{}] + [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
+    if args.upstream:
+        settings.append(upstream_switches())
     rows: list[Row] = []
     skipped, failed = [], []
     bw: dict[str, float] = {}
 
     def save() -> None:  # after every run, so an interrupted matrix keeps what it measured
         if args.json:
-            args.json.write_text(json.dumps({"model": str(args.model), "h2d_gbps": bw, "mismatches": mismatches(rows),
+            args.json.write_text(json.dumps({"model": str(args.model), "dense": str(args.dense or ""), "h2d_gbps": bw, "mismatches": mismatches(rows),
                                              "failed": failed, "rows": [dataclasses.asdict(r) for r in rows]},
                                             indent=1))
 
     for name in names:
-        setup = SETUPS[name]
-        if (setup.needs_gpu or setup.cache_fraction) and not gpu:
+        setup = setup_named(name)
+        assert setup is not None
+        if (setup.needs_gpu or setup.has_cache) and not gpu:
             skipped.append(name)
             continue
+        model = args.dense if setup.dense else args.model
+        if setup.dense:
+            setup = setup.resolve(block_count(model))
         for sw in settings:
-            print(f"bench: {name} {sw or ''}", file=sys.stderr, flush=True)
+            print(f"bench: {name} {switch_label(sw)}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
-                rows += measure(args.model, setup, sw, pp, ub, args.tg, args.reps)
+                rows += measure(model, setup, sw, pp, ub, args.tg, args.reps)
                 if not args.no_api:
-                    rows += api_measure(args.model, setup, sw, max(pp), max(u for u in ub if u <= max(pp)), args.tg)
+                    rows += api_measure(model, setup, sw, max(pp), max(u for u in ub if u <= max(pp)), args.tg)
             except RuntimeError as e:  # a failing run is reported, the others still run
-                failed.append(f"{name} {sw or ''}: {str(e)[-1500:]}")
+                failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)
             print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             save()

@@ -197,6 +197,35 @@ class ModelParams:
         self._keep.append(handle)
 
 
+def _allowed_cpus() -> set[int]:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+
+
+def physical_cores(cpuinfo: str | None = None, allowed: set[int] | None = None) -> int:
+    """Physical cores among the CPUs this process may run on, from ``/proc/cpuinfo`` (``physical id`` and
+    ``core id`` of each ``processor``); half the logical CPUs where that cannot be read."""
+    allowed = _allowed_cpus() if allowed is None else allowed
+    fallback = max((len(allowed) or os.cpu_count() or 2) // 2, 1)
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return fallback
+    cores = set()
+    for block in cpuinfo.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "processor" not in fields:
+            continue
+        if "core id" not in fields or not fields["processor"].isdigit():
+            return fallback  # no topology (some VMs, other architectures)
+        if allowed and int(fields["processor"]) not in allowed:
+            continue
+        cores.add((fields.get("physical id", "0"), fields["core id"]))
+    return len(cores) or fallback
+
+
 class ContextParams:
     """A ``struct llama_context_params`` from llama-cpp-python's context keywords."""
 
@@ -234,9 +263,10 @@ class ContextParams:
         p.n_batch = check_int("n_batch", n_batch, 1, 2**32 - 1)
         p.n_ubatch = check_int("n_ubatch", n_ubatch, 1, 2**32 - 1)
         p.n_seq_max = check_int("n_seq_max", n_seq_max, 1, lib.llama_max_parallel_sequences())
-        cpus = os.cpu_count() or 1
-        # llama-cpp-python's defaults: half the cores for generation, all of them for batches
-        p.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None else max(cpus // 2, 1)
+        cpus = len(_allowed_cpus()) or os.cpu_count() or 1
+        # generation: one thread per physical core (llama.cpp's default; llama-cpp-python's half of the logical
+        # CPUs is the same number on a machine with two threads per core, half of it without SMT), batches: all
+        p.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None else physical_cores()
         p.n_threads_batch = check_int("n_threads_batch", n_threads_batch, 1) if n_threads_batch is not None else cpus
         if rope_scaling_type is not None:
             p.rope_scaling_type = check_int("rope_scaling_type", rope_scaling_type, -1,

@@ -120,3 +120,50 @@ def test_overhead_rows(tiny: Path) -> None:
     assert rows[0]["overhead_us"] == 0.0
     table = bench.overhead_table(rows).splitlines()
     assert len(table) == 5 and table[0].startswith("| path |")
+
+
+def test_dense_setups_fill_in_the_model_half() -> None:
+    import re
+
+    ffn = bench.SETUPS["dense-ffn-half"].resolve(5)
+    pattern, buft = ffn.args[ffn.args.index("-ot") + 1].rsplit("=", 1)
+    assert buft == "CPU" and dict(ffn.llama_kwargs)["override_tensor"] == f"{pattern}=CPU"
+    names = [f"blk.{i}.ffn_{k}.weight" for i in range(12) for k in ("up", "down", "gate")]
+    assert {n for n in names if re.search(pattern, n)} == {n for n in names if n.split(".")[1] in ("2", "3", "4")}
+    assert not re.search(pattern, "blk.3.attn_q.weight")
+    ngl = bench.SETUPS["dense-ngl-half"].resolve(5)
+    assert ngl.args[ngl.args.index("-ngl") + 1] == "2" and dict(ngl.llama_kwargs)["n_gpu_layers"] == 2
+
+
+def test_dense_and_upstream_run(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pyllama_moe import synth
+
+    dense = synth.write_model(tmp_path / "dense.gguf", "tiny", arch="qwen3", seed=4, n_layer=4)
+    assert bench.block_count(dense) == 4
+    rc = bench.main([str(tiny), "--dense", str(dense), "--setups", "cpu_moe-none,dense-ngl-half,dense-ffn-half",
+                     "--pp", "32", "--ub", "32", "--tg", "4", "--reps", "1", "--upstream", "--no-api"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    body = [ln for ln in text.splitlines() if ln.startswith("|")][2:]
+    assert [[c.strip() for c in b.split("|")[1:3]] for b in body] == [
+        [s, sw] for s in ("cpu_moe-none", "dense-ngl-half", "dense-ffn-half") for sw in ("-", "upstream")]
+    assert bench.switch_label(bench.upstream_switches()) == "upstream"
+    with pytest.raises(SystemExit):
+        bench.main([str(tiny), "--setups", "dense-gpu"])  # needs --dense
+
+
+def test_upstream_sets_every_documented_kill_switch() -> None:
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \| .*\(upstream\)", readme, re.M))
+    assert documented == set(bench.KILL_SWITCHES)
+    assert bench.upstream_switches() == {k: "0" for k in documented}
+
+
+def test_cache_setup_of_a_fixed_size(tiny: Path) -> None:
+    setup = bench.setup_named("cache-3mib")
+    assert setup is not None and setup.has_cache and bench.cache_mib(tiny, setup) == 3
+    assert "--cpu-moe" in setup.batched_args and setup.name == "cache-3mib"
+    assert bench.setup_named("cache-0mib") is None and bench.setup_named("cache-x") is None
+    assert bench.cache_mib(tiny, bench.SETUPS["gpu"]) == 0

@@ -9,7 +9,7 @@ import pytest
 
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.llama import Llama
-from pyllama_moe.params import ContextParams, ModelParams, load_mode
+from pyllama_moe.params import ContextParams, ModelParams, load_mode, physical_cores
 
 from llama_models import model_path
 
@@ -48,8 +48,23 @@ def test_defaults_come_from_the_library() -> None:
               "op_offload", "swa_full", "moe_cache_size"):
         assert getattr(cp.ptr, f) == getattr(cdefault, f), f
     assert cp.ptr.flash_attn_type == lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python: flash_attn=False
-    cpus = os.cpu_count() or 1
-    assert (cp.ptr.n_threads, cp.ptr.n_threads_batch) == (max(cpus // 2, 1), cpus)
+    cpus = len(os.sched_getaffinity(0))
+    assert (cp.ptr.n_threads, cp.ptr.n_threads_batch) == (physical_cores(), cpus)
+    assert 1 <= physical_cores() <= cpus
+
+
+SMT = "\n\n".join(f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i % 4}\n" for i in range(8))
+
+
+def test_generation_threads_are_the_physical_cores() -> None:
+    # two threads per core (llama-cpp-python's half of the CPUs), one (all of them), and a restricted affinity
+    assert physical_cores(SMT, allowed=set(range(8))) == 4
+    assert physical_cores("\n\n".join(f"processor: {i}\ncore id: {i}" for i in range(6)), allowed=set(range(6))) == 6
+    assert physical_cores(SMT, allowed={0, 4}) == 1  # siblings of one core
+    assert physical_cores(SMT, allowed={0, 1, 2}) == 3
+    # no topology: half the CPUs, as llama-cpp-python
+    assert physical_cores("processor: 0\n\nprocessor: 1", allowed={0, 1, 2, 3}) == 2
+    assert physical_cores("", allowed={0}) == 1
 
 
 def test_context_keywords_reach_the_context(path: Path) -> None:
