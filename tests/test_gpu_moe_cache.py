@@ -107,3 +107,24 @@ def test_warmup_selecting_every_expert_does_not_abort(monkeypatch: pytest.Monkey
             check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(toks, 1)))
         finally:
             lib.llama_free(ctx)
+
+
+@pytest.mark.parametrize("materialize", ["0", "1", "2"])
+def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, materialize: str) -> None:
+    # patch 0015: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
+    # mapping (always with LLAMA_MOE_CACHE_MATERIALIZE=2), copied once into anonymous memory and mapped there;
+    # =0 keeps host lookups for what cannot be mapped. Any way, the tokens are those of the host lookups
+    def generate(device: str) -> tuple[str, dict]:
+        monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)
+        with Llama(str(moe), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="mmap", moe_cache_mib=8,
+                   verbose=False) as llm:
+            text = llm(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
+            return text, llm.moe_cache_stats()
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_MATERIALIZE", materialize)
+    host_text, host_stats = generate("0")
+    dev_text, dev_stats = generate("1")
+    assert dev_text == host_text
+    assert host_stats["device"]["hits"] + host_stats["device"]["misses"] == 0
+    if materialize == "2":  # the copy was made and mapped: decode looked up on the device
+        assert dev_stats["device"]["hits"] + dev_stats["device"]["misses"] > 0, dev_stats

@@ -47,6 +47,13 @@ def test_copy_regions_semantics() -> None:
     assert out.strip().endswith("OK"), out[-2000:]
 
 
+def test_moe_cache_copy_of_mapped_experts() -> None:
+    # llama_model::copy_host_tensors: the data moves to one anonymous buffer the model owns and counts, the tensors
+    # point there, views and unallocated tensors are refused; and the fit rule (a margin of max(2 GiB, 1/16))
+    out = run("test-moe-cache-copy")
+    assert out.strip().endswith("OK"), out[-2000:]
+
+
 def test_moe_cache_lookup_cpu_backend() -> None:
     # test-backend-ops builds the op's cases (side effects included) and runs them on the CPU
     out = run("test-backend-ops", "-o", "MOE_CACHE_LOOKUP", "-b", "CPU")
