@@ -470,6 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="only the Python overhead per token: create_completion vs a bare decode loop")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="--overhead: layers on the GPU (default all)")
     ap.add_argument("--no-api", action="store_true", help="only the native tools, not the Python API")
+    ap.add_argument("--api-every-ub", action="store_true",
+                    help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
+                         "is then compared across the switches at each)")
     args = ap.parse_args(argv)
 
     if not args.model.exists():
@@ -506,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpu = backend.gpu_available()
     pp = [int(x) for x in args.pp.split(",")]
-    ub = [int(x) for x in args.ub.split(",")]
+    ub = sorted(int(x) for x in args.ub.split(","))
     settings = [{}] + [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
     if args.upstream:
         settings.append(upstream_switches())
@@ -535,7 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 rows += measure(model, setup, sw, pp, ub, args.tg, args.reps)
                 if not args.no_api:
-                    rows += api_measure(model, setup, sw, max(pp), max(u for u in ub if u <= max(pp)), args.tg)
+                    api_ub = [u for u in ub if u <= max(pp)]
+                    for u in (api_ub if args.api_every_ub else api_ub[-1:]):
+                        rows += api_measure(model, setup, sw, max(pp), u, args.tg)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)

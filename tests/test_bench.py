@@ -95,6 +95,22 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
             assert len(digests) == 1 and all(len(d) == 16 for d in digests)
 
 
+def test_api_at_every_ubatch(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --api-every-ub: the Python prompt runs at each ubatch size, so the logits hash is compared at each
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64", "--ub", "64,32", "--tg", "4", "--reps", "1",
+                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--api-every-ub", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "MISMATCH" not in text
+    api = [r for r in json.loads(out.read_text())["rows"] if r["tool"] == "python" and r["n_prompt"]]
+    assert sorted((r["n_ubatch"], r["switches"].get("LLAMA_EXAMPLE_SWITCH", "")) for r in api) == [
+        (32, ""), (32, "0"), (64, ""), (64, "0")]
+    for u in (32, 64):
+        assert len({r["digest"] for r in api if r["n_ubatch"] == u}) == 1
+    python_rows = [ln for ln in text.splitlines() if "| python |" in ln]
+    assert all(float(ln.split("|")[4]) > 0 and float(ln.split("|")[5]) > 0 for ln in python_rows), python_rows
+
+
 def test_mismatches_are_found() -> None:
     def row(sw: dict[str, str], digest: str, n_prompt: int = 64) -> bench.Row:
         return bench.Row("gpu", sw, "python", n_prompt, 64, 0 if n_prompt else 8, 1.0, digest=digest)
