@@ -128,3 +128,25 @@ def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, mater
     assert host_stats["device"]["hits"] + host_stats["device"]["misses"] == 0
     if materialize == "2":  # the copy was made and mapped: decode looked up on the device
         assert dev_stats["device"]["hits"] + dev_stats["device"]["misses"] > 0, dev_stats
+
+
+def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    # patch 0017 (opt-in LLAMA_MOE_CACHE_PREFETCH=1): the prefetch of a large ubatch copies the experts held in the
+    # cache device to device and uploads only the others, before the routing is known: the same logits and tokens
+    monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")  # the test's prompts are small
+
+    def generate(flag: str) -> tuple[list, dict]:
+        monkeypatch.setenv("LLAMA_MOE_CACHE_PREFETCH", flag)
+        with Llama(str(moe), n_ctx=512, n_batch=512, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=8,
+                   verbose=False) as llm:
+            first = llm(PROMPT, max_tokens=8, temperature=0)  # the decode fills the cache
+            # the rest of the long prompt is one large ubatch after it, then decode again
+            second = llm(LONG, max_tokens=8, temperature=0, logprobs=4)
+            choice = second["choices"][0]
+            return [first["choices"][0]["text"], choice["text"], choice["logprobs"]["top_logprobs"]], llm.moe_cache_stats()
+
+    base, base_stats = generate("0")
+    ours, stats = generate("1")
+    assert ours == base
+    assert base_stats["copied"]["experts"] == 0  # prefetched whole from host memory
+    assert stats["copied"]["experts"] > 0, stats  # the cached ones from the cache
