@@ -4,6 +4,7 @@
 #   ci/gpu.sh [pytest args]        run the GPU-marked tests (e.g. ci/gpu.sh -k ffi)
 #   ci/gpu.sh build                only build and install
 #   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup
+#   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
 # Needs no network: the build uses the installed scikit-build-core and cffi.
@@ -21,12 +22,25 @@ start=$(date +%s)
 echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
 
 [ "${1:-}" = build ] && exit 0
+make_models() {  # after the build: the writer takes its tokenizer from the vendored tree
+    model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b.gguf}
+    dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
+    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b -q
+    [ -f "$dense" ] || "$PY" -m pyllama_moe synth "$dense" --preset 30b-a3b --arch qwen3 --n-embd 4096 --n-layer 36 \
+        --n-head 32 --n-head-kv 8 --n-ff 12288 -q
+}
+if [ "${1:-}" = models ]; then
+    make_models
+    exit 0
+fi
 if [ "${1:-}" = sanitize ]; then
-    # the device lookup and the prefetch under compute-sanitizer, with and without the admission policy
+    # the device lookup and the prefetch under compute-sanitizer: the default, then the admission policy with the
+    # prefetch through the cache (opt-in)
     export GGML_SCHED_PREFETCH_MIN_BATCH=1
-    for admit in 0 1; do
+    for opt in 0 1; do
         for arch in qwen3moe gpt-oss; do
-            LLAMA_MOE_CACHE_ADMIT=$admit compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
+            LLAMA_MOE_CACHE_ADMIT=$opt LLAMA_MOE_CACHE_PREFETCH=$opt \
+                compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
     done
     exit 0

@@ -1,5 +1,5 @@
-"""A short decode through the MoE cache's device lookup (and a prefetched prompt), small enough to run
-under compute-sanitizer: ``ci/gpu.sh sanitize`` runs it with each lookup policy."""
+"""A short decode through the MoE cache's device lookup (and prefetched prompts), small enough to run
+under compute-sanitizer: ``ci/gpu.sh sanitize`` runs it with each lookup policy and prompt copy path."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def main() -> int:
     with Llama(path, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=1, n_ctx=512, n_batch=512,
                verbose=False) as llm:
         out = llm("The quick brown fox " * 20, max_tokens=12, temperature=0)
+        # a second large ubatch after the decode filled the cache: with LLAMA_MOE_CACHE_PREFETCH=1 its prefetch
+        # copies the cached experts from the cache banks
+        llm("The quick brown fox " * 20 + "jumps over the lazy dog " * 12, max_tokens=4, temperature=0)
         stats = llm.moe_cache_stats()
     print(f"{arch}: {out['choices'][0]['text']!r} {stats}")
     return 0 if stats and stats["device"]["hits"] + stats["device"]["misses"] > 0 else 1

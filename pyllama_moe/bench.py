@@ -35,6 +35,8 @@ EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
 CACHE_LINE = re.compile(
     r"llama_moe_cache: (?P<kind>ubatch\s+[<>]=?\s*\d+|device lookups): hits = (?P<hits>\d+), misses = (?P<misses>\d+), "
     r"hit rate = (?P<rate>[\d.]+)%, uploaded = (?P<mib>[\d.]+) MiB")
+PROMPT_COPY_LINE = re.compile(r"llama_moe_cache: prefetch of large batches: (?P<calls>[\d.]+) copy calls, (?P<regions>[\d.]+) regions, "
+                              r"(?P<cache>[\d.]+) MiB from the cache, (?P<host>[\d.]+) MiB uploaded per ubatch")
 PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging (?P<mib>[\d.]+) MiB, "
                            r"(?P<n>\d+) of (?P<of>\d+) splits")
 
@@ -145,6 +147,8 @@ def parse_cache_stats(text: str) -> dict[str, dict[str, float]]:
     for m in CACHE_LINE.finditer(text):
         stats[" ".join(m.group("kind").split())] = {"hits": int(m.group("hits")), "misses": int(m.group("misses")),
                                   "hit_rate": float(m.group("rate")), "uploaded_mib": float(m.group("mib"))}
+    for m in PROMPT_COPY_LINE.finditer(text):  # the prefetch of large ubatches through the cache, per ubatch
+        stats["prompt copies"] = {k: float(v) for k, v in m.groupdict().items()}
     return stats
 
 
@@ -225,9 +229,10 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
         return rows
     mib = cache_mib(model, setup)
     for p, u in ((p, u) for p in pp for u in ub if u <= p):
+        # -lv 4: llama's info lines, among them the cache statistics logged when the context is freed
         cmd = [str(tool_path("llama-batched-bench")), "-m", str(model), *setup.args, *setup.batched_args,
                "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(p + tg + 16), "-b", str(p), "-ub", str(u),
-               "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl", "-lv", "3"]
+               "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl", "-lv", "4"]
         text = run(cmd, switches)
         cache = parse_cache_stats(text)
         for r in parse_jsonl(text):
@@ -243,9 +248,10 @@ def cache_mib(model: Path, setup: Setup) -> int:
 
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
-                run: Runner = run_tool) -> list[Row]:
-    """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment)."""
-    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg,
+                run: Runner = run_tool, warm: int = 0) -> list[Row]:
+    """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
+    with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt."""
+    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm,
             "kwargs": {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}}
     out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
@@ -276,12 +282,16 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
     # the threads of llama-bench: one per physical core, for batches too
     threads = physical_cores()
-    with Llama(spec["model"], n_ctx=n_prompt + tg + 16, n_batch=n_prompt, n_ubatch=n_ubatch, flash_attn=True,
+    n_ctx = max(n_prompt + tg, spec.get("warm", 0) + 1) + 16
+    with Llama(spec["model"], n_ctx=n_ctx, n_batch=n_prompt, n_ubatch=n_ubatch, flash_attn=True,
                n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
         rng = np.random.default_rng(0)
         tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
         llm.eval(tokens[:min(n_ubatch, 64)])  # warm-up: graphs, CUDA kernels, the cache's first uploads
         llm.reset()
+        if spec.get("warm"):  # a warm MoE cache: decode fills it before the timed prompt (the KV cache is cleared)
+            llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
+            llm.reset()
         t0 = time.perf_counter()
         llm.eval(tokens)
         lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
@@ -435,11 +445,14 @@ def table(rows: Iterable[Row]) -> str:
         pf = r.cache.get("prefetch")
         if pf:
             cell["prefetch"] = f"{pf['staging_mib']:.0f} MiB x{pf['depth']}"
-    head = ["setup", "switches", "via", *cols, "cache (decode)", "prefetch staging"]
+        pc = r.cache.get("prompt copies")
+        if pc:
+            cell["prompt"] = f"{pc['calls']:.0f} calls, {pc['cache']:.0f} MiB cached, {pc['host']:.0f} MiB up"
+    head = ["setup", "switches", "via", *cols, "cache (decode)", "prefetch staging", "prompt copies per ubatch"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (setup, sw, via), cell in lines.items():
         out.append("| " + " | ".join([setup, sw, via, *[cell.get(c, "-") for c in cols], cell.get("cache", "-"),
-                                      cell.get("prefetch", "-")]) + " |")
+                                      cell.get("prefetch", "-"), cell.get("prompt", "-")]) + " |")
     return "\n".join(out)
 
 
@@ -470,6 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="only the Python overhead per token: create_completion vs a bare decode loop")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="--overhead: layers on the GPU (default all)")
     ap.add_argument("--no-api", action="store_true", help="only the native tools, not the Python API")
+    ap.add_argument("--warm", type=int, default=0, metavar="N",
+                    help="Python API: generate N tokens before the timed prompt, so the MoE cache is warm "
+                         "(the prompt path copies cached experts from it)")
     ap.add_argument("--api-every-ub", action="store_true",
                     help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
                          "is then compared across the switches at each)")
@@ -540,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not args.no_api:
                     api_ub = [u for u in ub if u <= max(pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
-                        rows += api_measure(model, setup, sw, max(pp), u, args.tg)
+                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)

@@ -168,6 +168,12 @@ class Context:
             out[path] = {"hits": hits, "misses": misses, "bytes_uploaded": getattr(st, f"bytes_{path}"),
                          "hit_rate": hits / (hits + misses) if hits + misses else 0.0}
         out["copied"] = {"experts": st.n_copied, "bytes": st.bytes_copied}
+        # the prefetch of large ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=1), totals and per large ubatch
+        n = max(st.n_ubatch_large, 1)
+        out["prefetch"] = {"ubatches": st.n_ubatch_large, "calls": st.n_prefetch_calls, "regions": st.n_prefetch_regions,
+                           "bytes_cache": st.bytes_prefetch_cache, "bytes_host": st.bytes_prefetch_host,
+                           "calls_per_ubatch": st.n_prefetch_calls / n,
+                           "mib_host_per_ubatch": st.bytes_prefetch_host / n / 2**20}
         return out
 
     def set_abort_callback(self, fn: Callable[[], bool] | None) -> None:

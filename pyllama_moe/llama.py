@@ -368,7 +368,9 @@ class Llama:
         Experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per MoE layer and
         ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
         and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
-        ubatches read from the cache instead of host memory.
+        ubatches read from the cache instead of host memory; ``prefetch``: the prefetch of large
+        ubatches through the cache (``LLAMA_MOE_CACHE_PREFETCH=1``): batched copy calls, regions,
+        bytes copied from the cache and uploaded, in all and per large ubatch.
         """
         return self._ctx.moe_cache_stats()
 

@@ -14,6 +14,7 @@ BATCHED_OUT = """
 llama_moe_cache: ubatch <= 8: hits = 182, misses = 16, hit rate = 91.92%, uploaded = 0.05 MiB
 llama_moe_cache: ubatch  > 8: hits = 10, misses = 5, hit rate = 66.67%, uploaded = 1.50 MiB
 llama_moe_cache: device lookups: hits = 900, misses = 100, hit rate = 90.00%, uploaded = 12.50 MiB
+llama_moe_cache: prefetch of large batches: 144.0 copy calls, 2930.5 regions, 12000.25 MiB from the cache, 3552.00 MiB uploaded per ubatch (2 ubatches)
 {"n_kv_max": 2208, "n_batch": 2048, "n_ubatch": 2048, "flash_attn": 1, "is_pp_shared": 0, "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16, "pp": 2048, "tg": 128, "pl": 1, "n_kv": 2176, "t_pp": 0.679, "speed_pp": 3015.2, "t_tg": 0.838, "speed_tg": 152.8, "t": 1.5, "speed": 1450.0}
 """
 
@@ -30,6 +31,10 @@ def test_parse_cache_stats_and_jsonl() -> None:
     assert stats["ubatch <= 8"] == {"hits": 182, "misses": 16, "hit_rate": 91.92, "uploaded_mib": 0.05}
     assert stats["ubatch > 8"]["uploaded_mib"] == 1.5
     assert stats["device lookups"] == {"hits": 900, "misses": 100, "hit_rate": 90.0, "uploaded_mib": 12.5}
+    assert stats["prompt copies"] == {"calls": 144.0, "regions": 2930.5, "cache": 12000.25, "host": 3552.0}
+    row = bench.Row("cache-80", {}, "python", 2048, 2048, 0, 4000.0, cache=stats)
+    assert bench.table([row]).splitlines()[-1].endswith(
+        "| 90.0% hits, 12 MiB up | - | 144 calls, 12000 MiB cached, 3552 MiB up |")
     rows = bench.parse_jsonl(BATCHED_OUT + "\n{broken\n")
     assert len(rows) == 1 and rows[0]["speed_tg"] == 152.8
 
@@ -63,6 +68,18 @@ def test_cache_setup_runs_batched_bench_with_its_share(tiny: Path) -> None:
     assert rows[0].cache["ubatch <= 8"]["hit_rate"] == 91.92
 
 
+def test_batched_bench_shows_the_log_of_the_end_of_the_run(tiny: Path) -> None:
+    # the cache statistics are logged at llama's info level when the context is freed: the verbosity the bench
+    # gives llama-batched-bench must show such lines (here the performance summary printed just before)
+    seen: list[list[str]] = []
+    bench.measure(tiny, bench.setup_named("cache-1mib"), {}, [64], [64], 4, 1,
+                  run=lambda cmd, env: seen.append(cmd) or BATCHED_OUT)
+    cmd = seen[0]
+    cmd[cmd.index("--moe-cache-mib") + 1] = "0"  # without a GPU: the same run without the cache
+    out = bench.run_tool(cmd, {})
+    assert "llama_perf_context_print" in out and '"speed_tg"' in out, out[-2000:]
+
+
 def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
     rc = bench.main([str(tiny), "--setups", "cpu_moe-mmap,cpu_moe-none", "--pp", "64", "--ub", "32,64",
@@ -72,8 +89,9 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 0 and "MISMATCH" not in text
     lines = [ln for ln in text.splitlines() if ln.startswith("|")]
     header, rule, *body = lines
-    assert header == "| setup | switches | via | pp64 ub32 | pp64 ub64 | tg4 | cache (decode) | prefetch staging |"
-    assert rule.count("---") == 8
+    assert header == ("| setup | switches | via | pp64 ub32 | pp64 ub64 | tg4 | cache (decode) | prefetch staging "
+                      "| prompt copies per ubatch |")
+    assert rule.count("---") == 9
     assert [[c.strip() for c in b.split("|")[1:4]] for b in body] == [
         [s, sw, via] for s in ("cpu_moe-mmap", "cpu_moe-none") for sw in ("-", "LLAMA_EXAMPLE_SWITCH=0", "LLAMA_OPT_IN=1")
         for via in ("native", "python")]
@@ -96,10 +114,11 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_api_at_every_ubatch(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # --api-every-ub: the Python prompt runs at each ubatch size, so the logits hash is compared at each
+    # --api-every-ub: the Python prompt runs at each ubatch size, so the logits hash is compared at each;
+    # --warm: a decode longer than the prompt's context first (the context is sized for it), same hashes
     out = tmp_path / "bench.json"
     rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64", "--ub", "64,32", "--tg", "4", "--reps", "1",
-                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--api-every-ub", "--json", str(out)])
+                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--api-every-ub", "--warm", "100", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "MISMATCH" not in text
     api = [r for r in json.loads(out.read_text())["rows"] if r["tool"] == "python" and r["n_prompt"]]

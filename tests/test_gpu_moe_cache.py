@@ -150,3 +150,6 @@ def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, m
     assert ours == base
     assert base_stats["copied"]["experts"] == 0  # prefetched whole from host memory
     assert stats["copied"]["experts"] > 0, stats  # the cached ones from the cache
+    pf = stats["prefetch"]
+    assert pf["ubatches"] > 0 and pf["bytes_cache"] > 0 and base_stats["prefetch"]["regions"] == 0
+    assert 0 < pf["calls"] <= pf["regions"] and pf["bytes_cache"] + pf["bytes_host"] > 0
