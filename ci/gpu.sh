@@ -34,8 +34,8 @@ if [ "${1:-}" = models ]; then
     exit 0
 fi
 if [ "${1:-}" = sanitize ]; then
-    # the device lookup and the prefetch under compute-sanitizer: the default, then the admission policy with the
-    # prefetch through the cache (opt-in)
+    # the device lookup and the prefetch under compute-sanitizer: plain CLOCK, then the admission policy (default)
+    # with the prefetch through the cache (opt-in)
     export GGML_SCHED_PREFETCH_MIN_BATCH=1
     for opt in 0 1; do
         for arch in qwen3moe gpt-oss; do

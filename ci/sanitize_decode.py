@@ -16,7 +16,7 @@ def main() -> int:
     path = os.path.join(tempfile.gettempdir(), f"pyllama-moe-sanitize-{arch}.gguf")
     if not os.path.exists(path):
         synth.write_model(path, "tiny", arch=arch, skew=1.0, seed=3, n_layer=2)
-    # a cache of 1 MiB holds a few experts: lookups evict, and with LLAMA_MOE_CACHE_ADMIT=1 use scratch slots
+    # a cache of 1 MiB holds a few experts: lookups evict, and (unless LLAMA_MOE_CACHE_ADMIT=0) use scratch slots
     with Llama(path, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=1, n_ctx=512, n_batch=512,
                verbose=False) as llm:
         out = llm("The quick brown fox " * 20, max_tokens=12, temperature=0)

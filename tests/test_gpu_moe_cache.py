@@ -63,12 +63,15 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_admission_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # LLAMA_MOE_CACHE_ADMIT=1 (patch 0014): misses used less often than the expert they would evict go
-    # through scratch slots; the experts read are the same, so are the results
+    # patch 0014, on by default: misses used less often than the expert they would evict go through scratch
+    # slots (a cache too small for them, as 32 KiB for gpt-oss, caches every miss); LLAMA_MOE_CACHE_ADMIT=0
+    # caches every miss. The experts read are the same, so are the results
     host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT", "1")
     admit = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
-    assert admit[0] == host[0] and admit[1].tobytes() == host[1].tobytes()
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT", "0")
+    clock = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
+    for res in (admit, clock):
+        assert res[0] == host[0] and res[1].tobytes() == host[1].tobytes()
 
 
 def test_stats_reach_python(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
