@@ -55,6 +55,8 @@ class Setup:
     llama_kwargs: tuple[tuple[str, Any], ...] = ()  # the same placement as Llama keyword arguments
     dense: bool = False            # runs on the --dense model; "{half}" and "{upper}" in the arguments are
                                    # half its layers and a pattern of the FFN weights of its upper half
+    fit_gib: int = 0               # fit-<G>gib[-cache]: Python only, fit=True with a device target that leaves G GiB,
+    cache_auto: bool = False       # without the cache or with moe_cache_mib="auto" (the fit chooses layers or cache)
 
     @property
     def has_cache(self) -> bool:
@@ -96,11 +98,18 @@ DENSE_SETUPS = tuple(n for n, s in SETUPS.items() if s.dense)
 CACHE_MIB_SETUP = re.compile(r"cache-(\d+)mib")
 
 
+FIT_SETUP = re.compile(r"fit-(\d+)gib(-cache)?")
+
+
 def setup_named(name: str) -> Setup | None:
-    """A setup of SETUPS, or ``cache-<N>mib``: the cache setups with a cache of N MiB."""
+    """A setup of SETUPS, ``cache-<N>mib`` (the cache setups with a cache of N MiB), or ``fit-<G>gib`` and
+    ``fit-<G>gib-cache`` (``fit=True`` with G GiB of the first GPU, without the cache and with ``"auto"``)."""
     m = CACHE_MIB_SETUP.fullmatch(name)
     if m and int(m.group(1)) > 0:
         return dataclasses.replace(SETUPS["cache-25"], name=name, cache_fraction=0.0, cache_mib_fixed=int(m.group(1)))
+    m = FIT_SETUP.fullmatch(name)
+    if m and int(m.group(1)) > 0:
+        return Setup(name, (), (), (), fit_gib=int(m.group(1)), cache_auto=bool(m.group(2)))
     return SETUPS.get(name)
 
 # every kill switch of the patch series: all of them at 0 is upstream's behaviour (--upstream)
@@ -172,21 +181,9 @@ def expert_bytes(model: Path) -> int:
 
 def block_count(model: Path) -> int:
     """The GGUF's ``{architecture}.block_count``."""
-    from pyllama_moe.ffi import ffi, lib
+    from pyllama_moe import moe
 
-    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
-    ctx = lib.gguf_init_from_file(str(model).encode(), params[0])
-    if ctx == ffi.NULL:
-        raise ValueError(f"{model} is not a readable GGUF file")
-    try:
-        k = lib.gguf_find_key(ctx, b"general.architecture")
-        arch = ffi.string(lib.gguf_get_val_str(ctx, k)).decode() if k >= 0 else ""
-        k = lib.gguf_find_key(ctx, f"{arch}.block_count".encode())
-        if k < 0:
-            raise ValueError(f"{model} has no {arch}.block_count")
-        return int(lib.gguf_get_val_u32(ctx, k))
-    finally:
-        lib.gguf_free(ctx)
+    return moe.block_count(str(model).encode())
 
 
 # ---------------------------------------------------------------- running the tools
@@ -215,6 +212,8 @@ def run_tool(cmd: list[str], env: dict[str, str]) -> str:
 def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
             reps: int, run: Runner = run_tool) -> list[Row]:
     rows = []
+    if setup.fit_gib:  # our fit is Python's: no native run
+        return rows
     if not setup.has_cache:
         cmd = [str(tool_path("llama-bench")), "-m", str(model), *setup.args, *setup.bench_args, "-fa", "1",
                "-r", str(reps), "-o", "jsonl", "-p", ",".join(map(str, pp)), "-ub", ",".join(map(str, ub)),
@@ -251,11 +250,15 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
                 run: Runner = run_tool, warm: int = 0) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt."""
-    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm,
-            "kwargs": {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}}
+    kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
+    if setup.fit_gib:
+        kwargs.update(fit_kwargs(setup))
+    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
+    if "placement" in res:
+        stats["placement"] = res["placement"]
     prefetch = [m.groupdict() for m in PREFETCH_LINE.finditer(out)]
     if prefetch:  # the scheduler's staging, as logged when its graph was reserved (the largest)
         best = max(prefetch, key=lambda d: float(d["mib"]))
@@ -265,6 +268,16 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
                 digest=res["pp_digest"]),
             Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"], cache=stats,
                 digest=res["tg_digest"])]
+
+
+def fit_kwargs(setup: Setup) -> dict[str, Any]:
+    """``Llama`` arguments of a fit setup: a fit target that leaves ``fit_gib`` GiB of the first GPU's free memory."""
+    from pyllama_moe import backend
+
+    gpu = next(d for d in backend.devices() if d.type == "gpu")
+    target = max(0, gpu.memory_free - (setup.fit_gib << 30)) >> 20
+    return {"fit": True, "fit_target_mib": target, "n_gpu_layers": -1, "load_mode": "none",
+            "moe_cache_mib": "auto" if setup.cache_auto else 0}
 
 
 def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +320,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         n_gen = res["usage"]["completion_tokens"]
         gen = llm.tokenize(res["choices"][0]["text"].encode(), add_bos=False, special=True)
         return {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": n_gen, "tg_ts": n_gen / t_tg,
-                "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16]}
+                "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16],
+                "placement": llm.placement}
 
 
 def mismatches(rows: Iterable[Row]) -> list[str]:
@@ -466,7 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
     ap.add_argument("--preset", help="make the model with pyllama_moe.synth if the file does not exist")
     ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
-                                     "and cache-<N>mib (a cache of N MiB)")
+                                     "cache-<N>mib (a cache of N MiB), fit-<G>gib and fit-<G>gib-cache (fit=True "
+                                     "with G GiB of the GPU, without the cache and with moe_cache_mib='auto')")
     ap.add_argument("--dense", type=Path, help="a dense GGUF model for the dense-* setups (with --preset, written there "
                                                "first if absent: the preset's shape as a dense qwen3)")
     ap.add_argument("--upstream", action="store_true",
@@ -518,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [n for n in names if setup_named(n) is None]
     if unknown:
-        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib")
+        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib, fit-<G>gib[-cache]")
     if not args.dense and any(n in DENSE_SETUPS for n in names):
         ap.error("the dense-* setups need --dense MODEL")
     from pyllama_moe import backend
@@ -564,6 +579,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             save()
     bw = h2d_bandwidth() if gpu else {}
     print(table(rows))
+    placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
+    for name, pl in placed.items():  # where the fit put the weights
+        print(f"\n{name}: " + ", ".join(f"{k}={v}" for k, v in pl.items()))
     bad = mismatches(rows)
     for line in bad:
         print(f"\n!!! {line}")

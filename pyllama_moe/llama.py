@@ -225,6 +225,10 @@ class Llama:
             if self.model_params.ptr.n_gpu_layers == 0:
                 self.model_params.ptr.n_gpu_layers = lib.llama_model_default_params().n_gpu_layers
             with backend.verbosity(self.verbose):
+                if cache == "auto":  # the fit chooses between the layers and the cache
+                    self.context_params.ptr.moe_cache_size = moe.fit_with_cache(
+                        path, self.model_params, self.context_params, fit_target_mib, self.verbose)
+                    return
                 moe.fit(path, self.model_params, self.context_params, fit_target_mib, self.verbose)
         if cache == "auto":
             with backend.verbosity(self.verbose):

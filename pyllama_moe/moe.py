@@ -188,3 +188,54 @@ def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
     logger.info("moe_cache_mib=auto: %d MiB", size // MIB)
     return size
 
+
+def block_count(path: bytes) -> int:
+    """The GGUF's ``{architecture}.block_count`` (its metadata only)."""
+    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
+    ctx = lib.gguf_init_from_file(path, params[0])
+    if ctx == ffi.NULL:
+        raise ValueError(f"{path.decode(errors='replace')} is not a readable GGUF file")
+    try:
+        k = lib.gguf_find_key(ctx, b"general.architecture")
+        arch = ffi.string(lib.gguf_get_val_str(ctx, k)).decode() if k >= 0 else ""
+        k = lib.gguf_find_key(ctx, f"{arch}.block_count".encode())
+        if k < 0:
+            raise ValueError(f"{path.decode(errors='replace')} has no {arch}.block_count")
+        return int(lib.gguf_get_val_u32(ctx, k))
+    finally:
+        lib.gguf_free(ctx)
+
+
+def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mib: int | list[int] | None,
+                   verbose: bool) -> int:
+    """``fit=True`` with ``moe_cache_mib="auto"``: the placement and the size of the MoE cache, in bytes.
+
+    The layered fit comes first. If it keeps every layer in device memory, nothing is left in host
+    memory to cache (0). If it sends weights to host memory and the placement was left to the fit
+    (no overrides, all layers asked for), every expert goes to host memory instead (``cpu_moe``), the
+    fit places the rest, and the cache takes what the devices have left: one MoE layer's experts
+    cost a whole layer of device memory in the layered placement, the cache spends it on the
+    experts the tokens use. A placement the user fixed keeps its layers and gets what is left.
+    """
+    if not backend.gpu_available():  # no device to cache on
+        fit(path, mparams, cparams, fit_target_mib, verbose)
+        return 0
+    user_patterns = mparams.override_patterns()
+    saved = (mparams.ptr.n_gpu_layers, mparams.ptr.tensor_split, mparams.ptr.tensor_buft_overrides, cparams.ptr.n_ctx)
+    fitted = fit(path, mparams, cparams, fit_target_mib, verbose)
+    n_layer = block_count(path)
+    ngl = mparams.ptr.n_gpu_layers
+    if fitted and (ngl < 0 or ngl > n_layer) and mparams.override_patterns() == user_patterns:
+        logger.info("fit: every layer fits in device memory, no MoE cache is needed")
+        return 0
+    if user_patterns or saved[0] != lib.llama_model_default_params().n_gpu_layers:
+        return auto_cache_size(path, mparams, cparams, fit_target_mib)
+    mparams.ptr.n_gpu_layers, mparams.ptr.tensor_split, mparams.ptr.tensor_buft_overrides, cparams.ptr.n_ctx = saved
+    mparams.set_overrides(placement_overrides(cpu_moe=True))
+    fit(path, mparams, cparams, fit_target_mib, verbose)
+    size = auto_cache_size(path, mparams, cparams, fit_target_mib)
+    logger.info("fit: %s: every expert in host memory, the MoE cache in the %d MiB the devices have left",
+                f"{ngl} of {n_layer + 1} layers fit in device memory" if fitted else "no layered placement fits",
+                size // MIB)
+    return size
+

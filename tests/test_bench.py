@@ -202,3 +202,19 @@ def test_cache_setup_of_a_fixed_size(tiny: Path) -> None:
     assert "--cpu-moe" in setup.batched_args and setup.name == "cache-3mib"
     assert bench.setup_named("cache-0mib") is None and bench.setup_named("cache-x") is None
     assert bench.cache_mib(tiny, bench.SETUPS["gpu"]) == 0
+
+
+def test_fit_setups(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
+    # fit-<G>gib[-cache]: Python only, a fit target that leaves G GiB of the GPU, without the cache or with "auto"
+    from pyllama_moe import backend
+
+    plain, cached = bench.setup_named("fit-12gib"), bench.setup_named("fit-12gib-cache")
+    assert plain is not None and cached is not None and bench.setup_named("fit-0gib") is None
+    assert (plain.fit_gib, plain.cache_auto, cached.cache_auto) == (12, False, True) and plain.needs_gpu
+    assert bench.measure(tiny, cached, {}, [64], [64], 4, 1, run=lambda c, e: pytest.fail("no native run")) == []
+    gpu = backend.Device(1, "CUDA0", "fake", "gpu", memory_free=100 << 30, memory_total=140 << 30)
+    monkeypatch.setattr(backend, "devices", lambda: [backend.Device(0, "CPU", "cpu", "cpu", 0, 0), gpu])
+    assert bench.fit_kwargs(cached) == {"fit": True, "fit_target_mib": 88 << 10, "n_gpu_layers": -1,
+                                        "load_mode": "none", "moe_cache_mib": "auto"}
+    assert bench.fit_kwargs(plain)["moe_cache_mib"] == 0
+

@@ -147,6 +147,48 @@ def test_fit_leaves_user_placement_alone(path: Path) -> None:
         assert llm.n_ctx() >= 256
 
 
+@pytest.mark.parametrize("layered", ["fits", "spills", "fails", "user-fixed"])
+def test_fit_with_cache_chooses_layers_or_cache(monkeypatch: pytest.MonkeyPatch, path: Path, layered: str) -> None:
+    # fit=True, moe_cache_mib="auto" (#9): the layered fit first; if it sends weights to host memory (or finds
+    # nothing), every expert goes to host memory and the cache takes what is left; a placement the user fixed
+    # keeps its layers. The measurements are faked: this checks the decisions, the GPU run checks the figures
+    from pyllama_moe.params import ContextParams, ModelParams
+
+    n_layer = moe.block_count(str(path).encode())
+    cpu = lib.ggml_backend_cpu_buffer_type()
+    calls: list[list[str]] = []
+
+    def fake_fit(_path: bytes, mp: ModelParams, cp: ContextParams, _target: object, _verbose: bool) -> bool:
+        calls.append(mp.override_patterns())
+        if moe.FFN_EXPS_REGEX in mp.override_patterns() or layered == "fits":
+            mp.ptr.n_gpu_layers = n_layer + 1
+            return True
+        if layered == "fails":
+            return False
+        mp.ptr.n_gpu_layers = n_layer + 1  # all layers, the experts of the last one in host memory
+        spill = (moe.block_regex(n_layer - 1).encode(), cpu)
+        mp.set_overrides([*[(q.encode(), cpu) for q in mp.override_patterns()], spill])
+        return True
+
+    sized: list[list[str]] = []
+    monkeypatch.setattr(moe, "fit", fake_fit)
+    monkeypatch.setattr(moe, "auto_cache_size",
+                        lambda _p, mp, _cp, _t: sized.append(mp.override_patterns()) or 123 << 20)
+    monkeypatch.setattr(moe.backend, "gpu_available", lambda: True)
+    user = layered == "user-fixed"
+    mp = ModelParams(n_gpu_layers=-1, overrides=moe.placement_overrides(n_cpu_moe=1) if user else ())
+    cp = ContextParams(n_ctx=64, n_batch=64, n_ubatch=64)
+    size = moe.fit_with_cache(str(path).encode(), mp, cp, None, False)
+    if layered == "fits":
+        assert size == 0 and calls == [[]] and sized == [] and mp.override_patterns() == []
+    elif user:  # one fit, the user's overrides (and the fit's) kept, the cache in what is left
+        assert size == 123 << 20 and len(calls) == 1 and sized == [mp.override_patterns()]
+        assert mp.override_patterns()[0] == moe.block_regex(0)
+    else:  # the layered placement is dropped: every expert in host memory, fitted again, then the cache
+        assert size == 123 << 20 and calls == [[], [moe.FFN_EXPS_REGEX]] and sized == [[moe.FFN_EXPS_REGEX]]
+        assert mp.override_patterns() == [moe.FFN_EXPS_REGEX] and mp.ptr.n_gpu_layers == n_layer + 1
+
+
 @pytest.mark.gpu
 def test_moe_cache_on_gpu(caplog: pytest.LogCaptureFixture, path: Path) -> None:
     with caplog.at_level(logging.INFO, logger="pyllama_moe"):

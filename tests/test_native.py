@@ -54,6 +54,17 @@ def test_moe_cache_copy_of_mapped_experts() -> None:
     assert out.strip().endswith("OK"), out[-2000:]
 
 
+@pytest.mark.gpu
+def test_copy_regions_on_the_gpu() -> None:
+    # patch 0013 on the GPU: random region sets from device and pinned host memory into device memory, byte for byte,
+    # on a fresh instance (the prefetch copy queue: the copy engines on HBM devices, 0018) and on one that computed
+    # a graph (the copy kernel); CUDA >= 12.8 batches every set
+    out = run("test-copy-regions")
+    lines = [ln for ln in out.splitlines() if ln.startswith("copy regions on ")]
+    assert len(lines) >= 2 and all(ln.endswith("30 of 30 sets batched") for ln in lines), out[-2000:]
+    assert out.strip().endswith("OK")
+
+
 def test_moe_cache_lookup_cpu_backend() -> None:
     # test-backend-ops builds the op's cases (side effects included) and runs them on the CPU
     out = run("test-backend-ops", "-o", "MOE_CACHE_LOOKUP", "-b", "CPU")
