@@ -181,12 +181,27 @@ def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
     if count < 0:
         check_fit_status(2, mark)
     margins = _margins(fit_target_mib)
-    size = 0
+    ts = mparams.ptr.tensor_split
+    split = [float(ts[d]) for d in range(count - 1)] if ts != ffi.NULL else []
+    left, share = [], []
     for d in range(count - 1):  # the GPUs; the last entry is host memory
         _total, free, model, context, compute = (int(out[5 * d + k]) for k in range(5))
-        size += max(0, free - int(margins[d]) - model - context - compute)
-    logger.info("moe_cache_mib=auto: %d MiB", size // MIB)
+        left.append(max(0, free - int(margins[d]) - model - context - compute))
+        # llama.cpp splits the cache among the devices holding layers, by the tensor split, else by free memory
+        share.append(0.0 if model == 0 else split[d] if any(split) else float(max(0, free - model)))
+    size = cache_total(left, share)
+    logger.info("moe_cache_mib=auto: %d MiB (left on the devices: %s MiB)", size // MIB,
+                ", ".join(str(x // MIB) for x in left))
     return size
+
+
+def cache_total(left: list[int], share: list[float]) -> int:
+    """The cache size to ask for when llama.cpp splits it among the devices by ``share`` and device d has
+    ``left[d]`` bytes for it: the largest total whose split gives no device more than it has left. A device
+    with a share and nothing left makes it 0 (the cache off rather than that device out of memory)."""
+    total = sum(x for x in share if x > 0)
+    caps = [lf * total / sh for lf, sh in zip(left, share) if sh > 0]
+    return int(max(0.0, min(caps))) if caps else 0
 
 
 def block_count(path: bytes) -> int:

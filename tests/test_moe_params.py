@@ -189,6 +189,17 @@ def test_fit_with_cache_chooses_layers_or_cache(monkeypatch: pytest.MonkeyPatch,
         assert mp.override_patterns() == [moe.FFN_EXPS_REGEX] and mp.ptr.n_gpu_layers == n_layer + 1
 
 
+def test_cache_total_gives_no_device_more_than_it_has_left() -> None:
+    # llama.cpp splits the cache among the devices by their share: the total is what the tightest device allows
+    assert moe.cache_total([6 << 20], [5.0]) == 6 << 20  # one GPU: what it has left
+    assert moe.cache_total([10, 10], [1.0, 1.0]) == 20
+    assert moe.cache_total([10, 4], [1.0, 1.0]) == 8  # the second device limits both halves
+    assert moe.cache_total([30, 10], [3.0, 1.0]) == 40
+    assert moe.cache_total([10, 0], [1.0, 1.0]) == 0  # a device with a share and nothing left: no cache
+    assert moe.cache_total([10, 0], [1.0, 0.0]) == 10  # a device without layers takes no share
+    assert moe.cache_total([], []) == 0 and moe.cache_total([5], [0.0]) == 0
+
+
 @pytest.mark.gpu
 def test_moe_cache_on_gpu(caplog: pytest.LogCaptureFixture, path: Path) -> None:
     with caplog.at_level(logging.INFO, logger="pyllama_moe"):
