@@ -187,8 +187,9 @@ def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
     for d in range(count - 1):  # the GPUs; the last entry is host memory
         _total, free, model, context, compute = (int(out[5 * d + k]) for k in range(5))
         left.append(max(0, free - int(margins[d]) - model - context - compute))
-        # llama.cpp splits the cache among the devices holding layers, by the tensor split, else by free memory
-        share.append(0.0 if model == 0 else split[d] if any(split) else float(max(0, free - model)))
+        # llama.cpp splits the cache among the devices with host experts of their layers, by the tensor split, else
+        # by the memory free when the cache is made (after the model and the KV cache); here: the devices with layers
+        share.append(0.0 if model == 0 else split[d] if any(split) else float(max(1, free - model - context)))
     size = cache_total(left, share)
     logger.info("moe_cache_mib=auto: %d MiB (left on the devices: %s MiB)", size // MIB,
                 ", ".join(str(x // MIB) for x in left))
@@ -204,8 +205,8 @@ def cache_total(left: list[int], share: list[float]) -> int:
     return int(max(0.0, min(caps))) if caps else 0
 
 
-def block_count(path: bytes) -> int:
-    """The GGUF's ``{architecture}.block_count`` (its metadata only)."""
+def _gguf_u32(path: bytes, suffix: str) -> int | None:
+    """The GGUF's ``{architecture}.{suffix}`` (its metadata only), None if absent."""
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
     ctx = lib.gguf_init_from_file(path, params[0])
     if ctx == ffi.NULL:
@@ -213,41 +214,59 @@ def block_count(path: bytes) -> int:
     try:
         k = lib.gguf_find_key(ctx, b"general.architecture")
         arch = ffi.string(lib.gguf_get_val_str(ctx, k)).decode() if k >= 0 else ""
-        k = lib.gguf_find_key(ctx, f"{arch}.block_count".encode())
-        if k < 0:
-            raise ValueError(f"{path.decode(errors='replace')} has no {arch}.block_count")
-        return int(lib.gguf_get_val_u32(ctx, k))
+        k = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
+        return int(lib.gguf_get_val_u32(ctx, k)) if k >= 0 else None
     finally:
         lib.gguf_free(ctx)
+
+
+def block_count(path: bytes) -> int:
+    """The GGUF's ``{architecture}.block_count``."""
+    n = _gguf_u32(path, "block_count")
+    if n is None:
+        raise ValueError(f"{path.decode(errors='replace')} has no block_count")
+    return n
 
 
 def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mib: int | list[int] | None,
                    verbose: bool) -> int:
     """``fit=True`` with ``moe_cache_mib="auto"``: the placement and the size of the MoE cache, in bytes.
 
-    The layered fit comes first. If it keeps every layer in device memory, nothing is left in host
-    memory to cache (0). If it sends weights to host memory and the placement was left to the fit
-    (no overrides, all layers asked for), every expert goes to host memory instead (``cpu_moe``), the
-    fit places the rest, and the cache takes what the devices have left: one MoE layer's experts
-    cost a whole layer of device memory in the layered placement, the cache spends it on the
-    experts the tokens use. A placement the user fixed keeps its layers and gets what is left.
+    A placement the user fixed (overrides, ``n_gpu_layers``, a tensor split or split mode upstream's
+    fit does not change) is fitted as upstream does and the cache gets what the devices have left.
+    Otherwise the layered fit comes first: if it keeps every layer in device memory there is nothing
+    in host memory to cache (0). If it sends weights of a MoE model to host memory (or finds no
+    placement), every expert goes to host memory instead (``cpu_moe``) with the rest on the devices,
+    and the cache takes what they have left: in the layered placement the experts of a layer cost a
+    whole layer of device memory, the cache spends it on the experts the tokens use. If that
+    placement does not fit either, the layered one stays.
     """
     if not backend.gpu_available():  # no device to cache on
         fit(path, mparams, cparams, fit_target_mib, verbose)
         return 0
-    user_patterns = mparams.override_patterns()
-    saved = (mparams.ptr.n_gpu_layers, mparams.ptr.tensor_split, mparams.ptr.tensor_buft_overrides, cparams.ptr.n_ctx)
+    p = mparams.ptr
+    user_fixed = bool(mparams.override_patterns()) or p.n_gpu_layers != lib.llama_model_default_params().n_gpu_layers \
+        or (p.tensor_split != ffi.NULL and any(p.tensor_split[d] != 0 for d in range(lib.llama_max_devices()))) \
+        or p.split_mode not in (lib.LLAMA_SPLIT_MODE_NONE, lib.LLAMA_SPLIT_MODE_LAYER)
+    saved = (p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx)
     fitted = fit(path, mparams, cparams, fit_target_mib, verbose)
+    if user_fixed:
+        return auto_cache_size(path, mparams, cparams, fit_target_mib)
     n_layer = block_count(path)
-    ngl = mparams.ptr.n_gpu_layers
-    if fitted and (ngl < 0 or ngl > n_layer) and mparams.override_patterns() == user_patterns:
+    ngl = p.n_gpu_layers
+    if fitted and (ngl < 0 or ngl > n_layer) and not mparams.override_patterns():
         logger.info("fit: every layer fits in device memory, no MoE cache is needed")
         return 0
-    if user_patterns or saved[0] != lib.llama_model_default_params().n_gpu_layers:
-        return auto_cache_size(path, mparams, cparams, fit_target_mib)
-    mparams.ptr.n_gpu_layers, mparams.ptr.tensor_split, mparams.ptr.tensor_buft_overrides, cparams.ptr.n_ctx = saved
+    if not _gguf_u32(path, "expert_count"):  # a dense model: no experts to cache
+        return 0
+    layered = (p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx)
+    p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx = saved
     mparams.set_overrides(placement_overrides(cpu_moe=True))
-    fit(path, mparams, cparams, fit_target_mib, verbose)
+    # upstream's fit only checks (and may shorten the context of) a placement with overrides
+    if not fit(path, mparams, cparams, fit_target_mib, verbose):
+        p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx = layered
+        logger.info("fit: every expert in host memory does not fit either, the layered placement stays")
+        return auto_cache_size(path, mparams, cparams, fit_target_mib)
     size = auto_cache_size(path, mparams, cparams, fit_target_mib)
     logger.info("fit: %s: every expert in host memory, the MoE cache in the %d MiB the devices have left",
                 f"{ngl} of {n_layer + 1} layers fit in device memory" if fitted else "no layered placement fits",

@@ -147,27 +147,30 @@ def test_fit_leaves_user_placement_alone(path: Path) -> None:
         assert llm.n_ctx() >= 256
 
 
-@pytest.mark.parametrize("layered", ["fits", "spills", "fails", "user-fixed"])
-def test_fit_with_cache_chooses_layers_or_cache(monkeypatch: pytest.MonkeyPatch, path: Path, layered: str) -> None:
-    # fit=True, moe_cache_mib="auto" (#9): the layered fit first; if it sends weights to host memory (or finds
-    # nothing), every expert goes to host memory and the cache takes what is left; a placement the user fixed
-    # keeps its layers. The measurements are faked: this checks the decisions, the GPU run checks the figures
+@pytest.mark.parametrize("case", ["fits", "spills", "fails", "neither", "user-fixed", "dense"])
+def test_fit_with_cache_chooses_layers_or_cache(monkeypatch: pytest.MonkeyPatch, path: Path, case: str) -> None:
+    # fit=True, moe_cache_mib="auto" (#9): the layered fit first; if it sends weights of a MoE model to host memory
+    # (or finds nothing), every expert goes to host memory and the cache takes what is left, unless that does not
+    # fit either; a placement the user fixed keeps its layers. The fit is faked like upstream's: it fits what it
+    # was left (layers, overrides, a shorter context) and only checks a placement given with overrides
     from pyllama_moe.params import ContextParams, ModelParams
 
     n_layer = moe.block_count(str(path).encode())
     cpu = lib.ggml_backend_cpu_buffer_type()
-    calls: list[list[str]] = []
+    default_ngl = lib.llama_model_default_params().n_gpu_layers
+    calls: list[tuple[list[str], int]] = []
 
     def fake_fit(_path: bytes, mp: ModelParams, cp: ContextParams, _target: object, _verbose: bool) -> bool:
-        calls.append(mp.override_patterns())
-        if moe.FFN_EXPS_REGEX in mp.override_patterns() or layered == "fits":
-            mp.ptr.n_gpu_layers = n_layer + 1
-            return True
-        if layered == "fails":
+        calls.append((mp.override_patterns(), int(cp.ptr.n_ctx)))
+        if mp.override_patterns() or mp.ptr.n_gpu_layers != default_ngl:  # given: only checked
+            return case != "neither"
+        if case == "fits":
+            return True  # fits as it is: nothing changes
+        if case == "fails":
             return False
         mp.ptr.n_gpu_layers = n_layer + 1  # all layers, the experts of the last one in host memory
-        spill = (moe.block_regex(n_layer - 1).encode(), cpu)
-        mp.set_overrides([*[(q.encode(), cpu) for q in mp.override_patterns()], spill])
+        mp.set_overrides([(moe.block_regex(n_layer - 1).encode(), cpu)])
+        cp.ptr.n_ctx = 32
         return True
 
     sized: list[list[str]] = []
@@ -175,18 +178,25 @@ def test_fit_with_cache_chooses_layers_or_cache(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(moe, "auto_cache_size",
                         lambda _p, mp, _cp, _t: sized.append(mp.override_patterns()) or 123 << 20)
     monkeypatch.setattr(moe.backend, "gpu_available", lambda: True)
-    user = layered == "user-fixed"
-    mp = ModelParams(n_gpu_layers=-1, overrides=moe.placement_overrides(n_cpu_moe=1) if user else ())
+    if case == "dense":
+        monkeypatch.setattr(moe, "_gguf_u32", lambda p, key: None if key == "expert_count" else n_layer)
+    user = moe.placement_overrides(cpu_moe=True) if case == "user-fixed" else ()
+    mp = ModelParams(n_gpu_layers=default_ngl, overrides=user)
     cp = ContextParams(n_ctx=64, n_batch=64, n_ubatch=64)
     size = moe.fit_with_cache(str(path).encode(), mp, cp, None, False)
-    if layered == "fits":
-        assert size == 0 and calls == [[]] and sized == [] and mp.override_patterns() == []
-    elif user:  # one fit, the user's overrides (and the fit's) kept, the cache in what is left
-        assert size == 123 << 20 and len(calls) == 1 and sized == [mp.override_patterns()]
-        assert mp.override_patterns()[0] == moe.block_regex(0)
-    else:  # the layered placement is dropped: every expert in host memory, fitted again, then the cache
-        assert size == 123 << 20 and calls == [[], [moe.FFN_EXPS_REGEX]] and sized == [[moe.FFN_EXPS_REGEX]]
-        assert mp.override_patterns() == [moe.FFN_EXPS_REGEX] and mp.ptr.n_gpu_layers == n_layer + 1
+    spilled = [moe.block_regex(n_layer - 1)]
+    if case == "fits":
+        assert size == 0 and calls == [([], 64)] and sized == [] and mp.override_patterns() == []
+    elif case == "user-fixed":  # fitted as given, its experts stay in host memory: the cache gets what is left
+        assert size == 123 << 20 and calls == [([moe.FFN_EXPS_REGEX], 64)] and sized == [[moe.FFN_EXPS_REGEX]]
+    elif case in ("dense", "neither"):  # the layered placement stays, with its context (a dense model: no cache)
+        assert calls == [([], 64)] + ([([moe.FFN_EXPS_REGEX], 64)] if case == "neither" else [])
+        assert (size, sized) == ((0, []) if case == "dense" else (123 << 20, [spilled]))
+        assert mp.override_patterns() == spilled and cp.ptr.n_ctx == 32 and mp.ptr.n_gpu_layers == n_layer + 1
+    else:  # every expert in host memory, checked from the parameters as they were, then the cache
+        assert size == 123 << 20 and calls == [([], 64), ([moe.FFN_EXPS_REGEX], 64)]
+        assert sized == [[moe.FFN_EXPS_REGEX]] and mp.override_patterns() == [moe.FFN_EXPS_REGEX]
+        assert mp.ptr.n_gpu_layers == default_ngl and cp.ptr.n_ctx == 64
 
 
 def test_cache_total_gives_no_device_more_than_it_has_left() -> None:
