@@ -26,8 +26,8 @@ make_models() {  # after the build: the writer takes its tokenizer from the vend
     model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b.gguf}
     dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
     [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b -q
-    [ -f "$dense" ] || "$PY" -m pyllama_moe synth "$dense" --preset 30b-a3b --arch qwen3 --n-embd 4096 --n-layer 36 \
-        --n-head 32 --n-head-kv 8 --n-ff 12288 -q
+    # the bench's dense model (bench.DENSE_SHAPE)
+    [ -f "$dense" ] || "$PY" -c 'import sys; from pyllama_moe import bench; bench.write_model(sys.argv[1], "30b-a3b", dense=True)' "$dense"
 }
 if [ "${1:-}" = models ]; then
     make_models

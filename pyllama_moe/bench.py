@@ -120,6 +120,16 @@ UPSTREAM = "upstream"
 DENSE_SHAPE = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
 
 
+def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False) -> None:
+    """The bench's model of ``preset`` (with ``dense``: the preset as a dense qwen3, of DENSE_SHAPE for 30b-a3b)."""
+    from pyllama_moe import synth
+
+    if dense:
+        synth.write_model(path, preset, arch="qwen3", progress=progress, **(DENSE_SHAPE if preset == "30b-a3b" else {}))
+    else:
+        synth.write_model(path, preset, progress=progress)
+
+
 @dataclasses.dataclass
 class Row:
     setup: str
@@ -163,20 +173,12 @@ def parse_cache_stats(text: str) -> dict[str, dict[str, float]]:
 
 def expert_bytes(model: Path) -> int:
     """Bytes of the expert tensors of a GGUF (read through ggml's gguf reader, no data loaded)."""
+    from pyllama_moe import moe
     from pyllama_moe.ffi import ffi, lib
 
-    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
-    ctx = lib.gguf_init_from_file(str(model).encode(), params[0])
-    if ctx == ffi.NULL:
-        raise ValueError(f"{model} is not a readable GGUF file")
-    try:
-        total = 0
-        for i in range(lib.gguf_get_n_tensors(ctx)):
-            if EXPERT_TENSOR.search(ffi.string(lib.gguf_get_tensor_name(ctx, i)).decode()):
-                total += lib.gguf_get_tensor_size(ctx, i)
-        return total
-    finally:
-        lib.gguf_free(ctx)
+    with moe.gguf_header(str(model).encode()) as ctx:
+        return sum(lib.gguf_get_tensor_size(ctx, i) for i in range(lib.gguf_get_n_tensors(ctx))
+                   if EXPERT_TENSOR.search(ffi.string(lib.gguf_get_tensor_name(ctx, i)).decode()))
 
 
 def block_count(model: Path) -> int:
@@ -509,21 +511,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "is then compared across the switches at each)")
     args = ap.parse_args(argv)
 
-    if not args.model.exists():
+    for path, dense in ((args.model, False), (args.dense, True)):
+        if path is None or path.exists():
+            continue
         if not args.preset:
-            ap.error(f"{args.model} does not exist (give --preset to make it)")
-        from pyllama_moe import synth
-
-        print(f"writing {args.preset} to {args.model} ...", file=sys.stderr, flush=True)
-        synth.write_model(args.model, args.preset, progress=sys.stderr.isatty())
-    if args.dense and not args.dense.exists():
-        if not args.preset:
-            ap.error(f"{args.dense} does not exist (give --preset to make it)")
-        from pyllama_moe import synth
-
-        print(f"writing a dense {args.preset} to {args.dense} ...", file=sys.stderr, flush=True)
-        synth.write_model(args.dense, args.preset, arch="qwen3", progress=sys.stderr.isatty(),
-                          **(DENSE_SHAPE if args.preset == "30b-a3b" else {}))
+            ap.error(f"{path} does not exist (give --preset to make it)")
+        print(f"writing {'a dense ' if dense else ''}{args.preset} to {path} ...", file=sys.stderr, flush=True)
+        write_model(path, args.preset, dense, progress=sys.stderr.isatty())
     if args.overhead:
         rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
         print(overhead_table(rows_o))

@@ -10,10 +10,11 @@ The first pattern that matches a tensor wins (src/llama-model-loader.cpp), so th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pyllama_moe import backend
@@ -205,19 +206,26 @@ def cache_total(left: list[int], share: list[float]) -> int:
     return int(max(0.0, min(caps))) if caps else 0
 
 
-def _gguf_u32(path: bytes, suffix: str) -> int | None:
-    """The GGUF's ``{architecture}.{suffix}`` (its metadata only), None if absent."""
+@contextlib.contextmanager
+def gguf_header(path: bytes) -> Iterator[Any]:
+    """ggml's ``gguf_context`` of a GGUF file: its metadata and tensor infos, no tensor data."""
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
     ctx = lib.gguf_init_from_file(path, params[0])
     if ctx == ffi.NULL:
         raise ValueError(f"{path.decode(errors='replace')} is not a readable GGUF file")
     try:
+        yield ctx
+    finally:
+        lib.gguf_free(ctx)
+
+
+def _gguf_u32(path: bytes, suffix: str) -> int | None:
+    """The GGUF's ``{architecture}.{suffix}``, None if absent."""
+    with gguf_header(path) as ctx:
         k = lib.gguf_find_key(ctx, b"general.architecture")
         arch = ffi.string(lib.gguf_get_val_str(ctx, k)).decode() if k >= 0 else ""
         k = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
         return int(lib.gguf_get_val_u32(ctx, k)) if k >= 0 else None
-    finally:
-        lib.gguf_free(ctx)
 
 
 def block_count(path: bytes) -> int:
@@ -248,7 +256,15 @@ def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fi
     user_fixed = bool(mparams.override_patterns()) or p.n_gpu_layers != lib.llama_model_default_params().n_gpu_layers \
         or (p.tensor_split != ffi.NULL and any(p.tensor_split[d] != 0 for d in range(lib.llama_max_devices()))) \
         or p.split_mode not in (lib.LLAMA_SPLIT_MODE_NONE, lib.LLAMA_SPLIT_MODE_LAYER)
-    saved = (p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx)
+
+    # what the fit sets (the arrays it points to stay alive in the parameters' _keep)
+    def placement() -> tuple[Any, ...]:
+        return p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx
+
+    def restore(state: tuple[Any, ...]) -> None:
+        p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx = state
+
+    saved = placement()
     fitted = fit(path, mparams, cparams, fit_target_mib, verbose)
     if user_fixed:
         return auto_cache_size(path, mparams, cparams, fit_target_mib)
@@ -259,12 +275,12 @@ def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fi
         return 0
     if not _gguf_u32(path, "expert_count"):  # a dense model: no experts to cache
         return 0
-    layered = (p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx)
-    p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx = saved
+    layered = placement()
+    restore(saved)
     mparams.set_overrides(placement_overrides(cpu_moe=True))
     # upstream's fit only checks (and may shorten the context of) a placement with overrides
     if not fit(path, mparams, cparams, fit_target_mib, verbose):
-        p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx = layered
+        restore(layered)
         logger.info("fit: every expert in host memory does not fit either, the layered placement stays")
         return auto_cache_size(path, mparams, cparams, fit_target_mib)
     size = auto_cache_size(path, mparams, cparams, fit_target_mib)
