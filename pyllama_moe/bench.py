@@ -113,8 +113,8 @@ def setup_named(name: str) -> Setup | None:
     return SETUPS.get(name)
 
 # every kill switch of the patch series: all of them at 0 is upstream's behaviour (--upstream)
-KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE",
-                 "LLAMA_SAMPLER_PENALTIES_INDEXED")
+KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREFETCH",
+                 "LLAMA_MOE_CACHE_SEED", "LLAMA_SAMPLER_PENALTIES_INDEXED")
 UPSTREAM = "upstream"
 # --dense with --preset 30b-a3b: about 8 GiB at q4_0, a Qwen3-8B-like shape
 DENSE_SHAPE = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
@@ -249,13 +249,16 @@ def cache_mib(model: Path, setup: Setup) -> int:
 
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
-                run: Runner = run_tool, warm: int = 0) -> list[Row]:
+                run: Runner = run_tool, warm: int = 0, first: int = 0) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
-    with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt."""
+    with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
+    ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
+    cache's hit rate in those decode steps)."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
-    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "kwargs": kwargs}
+    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
+            "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
@@ -269,10 +272,16 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     # a fit setup is fitted again under each switch setting, whose memory differs: its placement, hence its
     # results, may differ too, so its hashes are not compared
     same = not setup.fit_gib
-    return [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
+    rows = [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
                 digest=res["pp_digest"] if same else ""),
             Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"], cache=stats,
                 digest=res["tg_digest"] if same else "")]
+    if "first" in res:
+        f = res["first"]
+        rows.append(Row(setup.name, switches, "python", n_prompt, n_ubatch, f["n"], f["ts"],
+                        cache={"first": {k: v for k, v in f.items() if k != "digest"}},
+                        digest=f["digest"] if same else ""))
+    return rows
 
 
 def fit_kwargs(setup: Setup) -> dict[str, Any]:
@@ -300,7 +309,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
     # the threads of llama-bench: one per physical core, for batches too
     threads = physical_cores()
-    n_ctx = max(n_prompt + tg, spec.get("warm", 0) + 1) + 16
+    n_first = spec.get("first", 0)
+    n_ctx = max(n_prompt + max(tg, n_first), spec.get("warm", 0) + 1) + 16
     with Llama(spec["model"], n_ctx=n_ctx, n_batch=n_prompt, n_ubatch=n_ubatch, flash_attn=True,
                n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
         rng = np.random.default_rng(0)
@@ -315,6 +325,23 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
         t_pp = time.perf_counter() - t0
         pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
+        first = {}
+        if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
+            before = llm.moe_cache_stats()
+            gen: list[int] = []
+            t0 = time.perf_counter()
+            for _ in range(n_first):
+                gen.append(int(np.argmax(llm._ctx.logits_ith(-1))))
+                llm.eval(gen[-1:])
+            lib.llama_synchronize(llm._ctx.ptr)
+            t_first = time.perf_counter() - t0
+            after = llm.moe_cache_stats()
+            first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first,
+                     "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16]}
+            if before and after:  # decode looks up the cache on the device, or on the host (ubatches of <= 8)
+                hits = sum(after[p]["hits"] - before[p]["hits"] for p in ("device", "small"))
+                misses = sum(after[p]["misses"] - before[p]["misses"] for p in ("device", "small"))
+                first.update(hits=hits, misses=misses, hit_rate=100.0 * hits / max(hits + misses, 1))
         # generation from an empty context, as llama-bench's tg: the first call warms up, the second is timed
         llm.reset()
         llm.create_completion([llm.token_bos()], max_tokens=4, temperature=0.0)
@@ -324,9 +351,11 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         t_tg = time.perf_counter() - t0
         n_gen = res["usage"]["completion_tokens"]
         gen = llm.tokenize(res["choices"][0]["text"].encode(), add_bos=False, special=True)
-        return {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": n_gen, "tg_ts": n_gen / t_tg,
-                "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16],
-                "placement": llm.placement}
+        out = {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": n_gen, "tg_ts": n_gen / t_tg,
+               "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16], "placement": llm.placement}
+        if first:
+            out["first"] = first
+        return out
 
 
 def mismatches(rows: Iterable[Row]) -> list[str]:
@@ -442,6 +471,8 @@ def switch_label(switches: dict[str, str]) -> str:
 
 
 def column(r: Row) -> str:
+    if r.n_prompt and r.n_gen:  # --first: the tokens that continue the prompt
+        return f"tg{r.n_gen} after pp{r.n_prompt}"
     return f"pp{r.n_prompt} ub{r.n_ubatch}" if r.n_prompt else f"tg{r.n_gen}"
 
 
@@ -467,11 +498,19 @@ def table(rows: Iterable[Row]) -> str:
         pc = r.cache.get("prompt copies")
         if pc:
             cell["prompt"] = f"{pc['calls']:.0f} calls, {pc['cache']:.0f} MiB cached, {pc['host']:.0f} MiB up"
+        ft = r.cache.get("first")
+        if ft:
+            hits = f"{ft['hit_rate']:.1f}% hits, " if "hit_rate" in ft else ""
+            cell["first"] = f"{hits}{ft['s_with_prompt']:.2f} s with the prompt"
     head = ["setup", "switches", "via", *cols, "cache (decode)", "prefetch staging", "prompt copies per ubatch"]
+    first = any("first" in cell for cell in lines.values())
+    if first:
+        head.append("tokens after the prompt")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (setup, sw, via), cell in lines.items():
+        extra = [cell.get("first", "-")] if first else []
         out.append("| " + " | ".join([setup, sw, via, *[cell.get(c, "-") for c in cols], cell.get("cache", "-"),
-                                      cell.get("prefetch", "-"), cell.get("prompt", "-")]) + " |")
+                                      cell.get("prefetch", "-"), cell.get("prompt", "-"), *extra]) + " |")
     return "\n".join(out)
 
 
@@ -503,9 +542,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="only the Python overhead per token: create_completion vs a bare decode loop")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="--overhead: layers on the GPU (default all)")
     ap.add_argument("--no-api", action="store_true", help="only the native tools, not the Python API")
+    ap.add_argument("--no-native", action="store_true", help="only the Python API, not the native tools")
     ap.add_argument("--warm", type=int, default=0, metavar="N",
                     help="Python API: generate N tokens before the timed prompt, so the MoE cache is warm "
                          "(the prompt path copies cached experts from it)")
+    ap.add_argument("--first", type=int, default=0, metavar="N",
+                    help="Python API: N greedy tokens continue the timed prompt: their speed, the MoE cache's hit "
+                         "rate in those decode steps and the time with the prompt (what the seed of the cache changes)")
     ap.add_argument("--api-every-ub", action="store_true",
                     help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
                          "is then compared across the switches at each)")
@@ -531,6 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if setup_named(n) is None]
     if unknown:
         ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib, fit-<G>gib[-cache]")
+    if args.no_api and args.no_native:
+        ap.error("--no-api and --no-native leave nothing to run")
     if not args.dense and any(n in DENSE_SETUPS for n in names):
         ap.error("the dense-* setups need --dense MODEL")
     from pyllama_moe import backend
@@ -567,11 +612,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench: {name} {switch_label(sw)}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
-                rows += measure(model, setup, sw, pp, ub, args.tg, args.reps)
+                if not args.no_native:
+                    rows += measure(model, setup, sw, pp, ub, args.tg, args.reps)
                 if not args.no_api:
                     api_ub = [u for u in ub if u <= max(pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
-                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm)
+                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)

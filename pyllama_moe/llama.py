@@ -373,8 +373,11 @@ class Llama:
         ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
         and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
         ubatches read from the cache instead of host memory; ``prefetch``: the prefetch of large
-        ubatches through the cache (``LLAMA_MOE_CACHE_PREFETCH=1``): batched copy calls, regions,
-        bytes copied from the cache and uploaded, in all and per large ubatch.
+        ubatches through the cache (off with ``LLAMA_MOE_CACHE_PREFETCH=0``): batched copy calls, regions,
+        bytes copied from the cache and uploaded, in all and per large ubatch; ``seed``: the seeds of the
+        cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
+        ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
+        the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``).
         """
         return self._ctx.moe_cache_stats()
 

@@ -130,6 +130,28 @@ def test_api_at_every_ubatch(tiny: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert all(float(ln.split("|")[4]) > 0 and float(ln.split("|")[5]) > 0 for ln in python_rows), python_rows
 
 
+def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --first: greedy tokens continue the timed prompt, a column of their own with the time including the prompt;
+    # their hash is compared across the switches like the others
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64", "--ub", "64", "--tg", "4", "--reps", "1",
+                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--first", "6", "--no-native", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "MISMATCH" not in text
+    header = next(ln for ln in text.splitlines() if ln.startswith("| setup"))
+    cols = [c.strip() for c in header.split("|")[1:-1]]
+    assert "tg6 after pp64" in cols and cols[-1] == "tokens after the prompt"
+    python_rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in text.splitlines() if "| python |" in ln]
+    assert len(python_rows) == 2
+    for row in python_rows:
+        assert float(row[cols.index("tg6 after pp64")]) > 0 and row[-1].endswith("s with the prompt"), row
+    data = json.loads(out.read_text())
+    assert all(r["tool"] == "python" for r in data["rows"])  # --no-native
+    rows = [r for r in data["rows"] if r["n_prompt"] and r["n_gen"]]
+    assert len(rows) == 2 and len({r["digest"] for r in rows}) == 1 and rows[0]["n_gen"] == 6
+    assert rows[0]["cache"]["first"]["s_with_prompt"] > 0
+
+
 def test_mismatches_are_found() -> None:
     def row(sw: dict[str, str], digest: str, n_prompt: int = 64) -> bench.Row:
         return bench.Row("gpu", sw, "python", n_prompt, 64, 0 if n_prompt else 8, 1.0, digest=digest)

@@ -134,7 +134,7 @@ def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, mater
 
 
 def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    # patch 0017 (opt-in LLAMA_MOE_CACHE_PREFETCH=1): the prefetch of a large ubatch copies the experts held in the
+    # patch 0017 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in the
     # cache device to device and uploads only the others, before the routing is known: the same logits and tokens
     monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")  # the test's prompts are small
 

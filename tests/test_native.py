@@ -62,7 +62,8 @@ def test_copy_regions_on_the_gpu() -> None:
     out = run("test-copy-regions")
     lines = [ln for ln in out.splitlines() if ln.startswith("copy regions on ")]
     assert len(lines) >= 2 and all(ln.endswith("30 of 30 sets batched") for ln in lines), out[-2000:]
-    assert out.strip().endswith("OK")
+    # stdout ends with OK, the CUDA backend's device lines on stderr come after it
+    assert "OK" in out.splitlines(), out[-2000:]
 
 
 def test_moe_cache_lookup_cpu_backend() -> None:
