@@ -40,8 +40,8 @@ class Batch:
         for i in range(self.capacity):
             p.seq_id[i][0] = seq_id
 
-    def set_tokens(self, tokens: Sequence[int] | np.ndarray, pos0: int, all_logits: bool) -> None:
-        """``tokens`` at positions ``pos0...``; outputs for all of them or only the last."""
+    def set_tokens(self, tokens: Sequence[int] | np.ndarray, pos0: int, all_logits: bool, last_logits: bool = True) -> None:
+        """``tokens`` at positions ``pos0...``; outputs for all of them, only the last, or (``last_logits=False``) none."""
         check_closed(self._p, "batch")
         n = len(tokens)
         if not 0 < n <= self.capacity:
@@ -49,7 +49,7 @@ class Batch:
         self.token[:n] = tokens
         self.pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
         self.logits[:n] = 1 if all_logits else 0
-        self.logits[n - 1] = 1
+        self.logits[n - 1] = 1 if all_logits or last_logits else 0
         self._p.n_tokens = n
 
     def set_one(self, token: int, pos: int) -> None:

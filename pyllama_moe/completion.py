@@ -84,7 +84,9 @@ class Session:
         for i in range(0, len(arr), self.n_batch):
             chunk = arr[i:i + self.n_batch]
             n, k = self.n_tokens, len(chunk)
-            self.batch.set_tokens(chunk, n, self.logits_all)
+            # only the last batch needs an output (without logits_all): the batches before it compute no logits,
+            # and llama.cpp seeds the MoE cache at their end only where the prompt starts
+            self.batch.set_tokens(chunk, n, self.logits_all, last_logits=i + k >= len(arr))
             self.ctx.decode(self.batch)
             self.input_ids[n:n + k] = chunk
             if self.logits_all:
