@@ -54,6 +54,13 @@ def test_moe_cache_copy_of_mapped_experts() -> None:
     assert out.strip().endswith("OK"), out[-2000:]
 
 
+def test_moe_cache_lru() -> None:
+    # the MoE cache's host LRU: random plans, the seed's admits (slots refused, fewer slots than misses) and its
+    # rollback's drops keep the slot list and the slot maps consistent; admit never gives one slot twice
+    out = run("test-moe-cache-lru")
+    assert out.strip().endswith("OK"), out[-2000:]
+
+
 @pytest.mark.gpu
 def test_copy_regions_on_the_gpu() -> None:
     # patch 0013 on the GPU: random region sets from device and pinned host memory into device memory, byte for byte,
