@@ -113,15 +113,23 @@ def test_real_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
             assert len(digests) == 1 and all(len(d) == 16 for d in digests)
 
 
+def run_cpu_moe(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], ub: str, *extra: str
+                ) -> tuple[str, dict]:
+    """The bench on cpu_moe-none, pp64 and tg4, with an inert switch: its table (checked free of mismatches)
+    and its JSON."""
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64", "--ub", ub, "--tg", "4", "--reps", "1",
+                     "--switch", "LLAMA_EXAMPLE_SWITCH", *extra, "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "MISMATCH" not in text
+    return text, json.loads(out.read_text())
+
+
 def test_api_at_every_ubatch(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # --api-every-ub: the Python prompt runs at each ubatch size, so the logits hash is compared at each;
     # --warm: a decode longer than the prompt's context first (the context is sized for it), same hashes
-    out = tmp_path / "bench.json"
-    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64", "--ub", "64,32", "--tg", "4", "--reps", "1",
-                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--api-every-ub", "--warm", "100", "--json", str(out)])
-    text = capsys.readouterr().out
-    assert rc == 0 and "MISMATCH" not in text
-    api = [r for r in json.loads(out.read_text())["rows"] if r["tool"] == "python" and r["n_prompt"]]
+    text, data = run_cpu_moe(tiny, tmp_path, capsys, "64,32", "--api-every-ub", "--warm", "100")
+    api = [r for r in data["rows"] if r["tool"] == "python" and r["n_prompt"]]
     assert sorted((r["n_ubatch"], r["switches"].get("LLAMA_EXAMPLE_SWITCH", "")) for r in api) == [
         (32, ""), (32, "0"), (64, ""), (64, "0")]
     for u in (32, 64):
@@ -133,11 +141,7 @@ def test_api_at_every_ubatch(tiny: Path, tmp_path: Path, capsys: pytest.CaptureF
 def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # --first: greedy tokens continue the timed prompt, a column of their own with the time including the prompt;
     # their hash is compared across the switches like the others
-    out = tmp_path / "bench.json"
-    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64", "--ub", "64", "--tg", "4", "--reps", "1",
-                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--first", "6", "--no-native", "--json", str(out)])
-    text = capsys.readouterr().out
-    assert rc == 0 and "MISMATCH" not in text
+    text, data = run_cpu_moe(tiny, tmp_path, capsys, "64", "--first", "6", "--no-native")
     header = next(ln for ln in text.splitlines() if ln.startswith("| setup"))
     cols = [c.strip() for c in header.split("|")[1:-1]]
     assert "tg6 after pp64" in cols and cols[-1] == "tokens after the prompt"
@@ -145,7 +149,6 @@ def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.Capt
     assert len(python_rows) == 2
     for row in python_rows:
         assert float(row[cols.index("tg6 after pp64")]) > 0 and row[-1].endswith("s with the prompt"), row
-    data = json.loads(out.read_text())
     assert all(r["tool"] == "python" for r in data["rows"])  # --no-native
     rows = [r for r in data["rows"] if r["n_prompt"] and r["n_gen"]]
     assert len(rows) == 2 and len({r["digest"] for r in rows}) == 1 and rows[0]["n_gen"] == 6
