@@ -3,6 +3,10 @@
 # outside the source tree (kept, so a second run rebuilds only what changed), install, then
 #   ci/gpu.sh [pytest args]        run the GPU-marked tests (e.g. ci/gpu.sh -k ffi)
 #   ci/gpu.sh build                only build and install
+#   ci/gpu.sh wheel [pytest args]  build the CUDA wheel (ci/wheel.sh cuda, sm_90 unless PYLLAMA_MOE_CUDA_ARCHS says
+#                                  otherwise), install it in a fresh venv with only its dependencies and run the GPU
+#                                  tests there with the CUDA toolkit hidden (venv: /tmp/wheel/venv)
+# PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
 #   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
@@ -15,11 +19,50 @@ BUILD_DIR=${PYLLAMA_MOE_BUILD_DIR:-/tmp/build}
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 
-"$PY" scripts/vendor.py apply
-start=$(date +%s)
-"$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
-    -C build-dir="$BUILD_DIR" -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON .
-echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
+if [ "${1:-}" = wheel ]; then
+    shift
+    # the CUDA wheel (ci/wheel.sh cuda) in a fresh venv holding only it and its dependencies, the GPU tests
+    # run there with the CUDA toolkit hidden: the libraries must come from the driver and the nvidia-* packages
+    work=${PYLLAMA_MOE_WHEEL_WORK:-/tmp/wheel}
+    venv_py="$work/venv/bin/python"
+    if [ -z "${PYLLAMA_MOE_NO_BUILD:-}" ]; then  # else: the tests again in the venv made before
+        rm -rf "$work/dist" "$work/venv"
+        PYLLAMA_MOE_WHEEL_OUT="$work/dist" PYLLAMA_MOE_NATIVE_TESTS_DIR="$work/native" PYLLAMA_MOE_BUILD_DIR="$BUILD_DIR-wheel" \
+            PYLLAMA_MOE_CUDA_ARCHS=${PYLLAMA_MOE_CUDA_ARCHS:-90} bash ci/wheel.sh cuda --no-build-isolation
+        whl=$(ls "$work"/dist/pyllama_moe-*.whl)
+        # no PyPI here: the dependencies are wheels of the installed copies, or carried in .whl
+        "$PY" -m scripts.wheels_from_site --out "$work/deps" --have .whl --requires-of "$whl" pytest pyyaml requests tqdm >/dev/null
+        pip=("$venv_py" -m pip)
+        if ! "$PY" -m venv "$work/venv"; then  # a Python without ensurepip: the outer pip installs into the venv
+            "$PY" -m venv --clear --without-pip "$work/venv"
+            pip=("$PY" -m pip --python "$venv_py")
+        fi
+        "${pip[@]}" install --disable-pip-version-check -q --no-index --find-links "$work/deps" --find-links .whl \
+            "$whl" pytest gguf
+        "${pip[@]}" list --disable-pip-version-check
+    fi
+    site=$("$venv_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    ln -sfn "$site/nvidia" "$work/native/nvidia"  # the test programs' libggml-cuda finds them as the wheel's does
+    # the toolkit (nvcc, its libcudart and cuBLAS) out of reach: a tmpfs over its folder in a mount namespace
+    # of this command only; no LD_LIBRARY_PATH entry with a CUDA runtime, no toolkit on PATH
+    toolkit=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    ld=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | while read -r d; do
+        [ -n "$d" ] && ! ls "$d" 2>/dev/null | grep -q -E '^libcu(dart|blas)' && printf '%s:' "$d"; done || true)
+    export PYLLAMA_MOE_NATIVE_BIN="$work/native/pyllama_moe/bin" LD_LIBRARY_PATH="${ld%:}" PATH="$work/venv/bin:/usr/bin:/bin"
+    ns="unshare -m" hide="mount -t tmpfs none $toolkit && echo \"gpu.sh: $toolkit hidden\" && "
+    unshare -m true 2>/dev/null || { ns="" hide=""; echo "gpu.sh: cannot hide $toolkit (no mount namespace)"; }
+    cd tests
+    $ns bash -c "$hide\"\$0\" ../ci/cuda_libs.py \"$site\" && \"\$0\" -m pytest -ra -p no:cacheprovider -m gpu . \"\$@\"" \
+        "$venv_py" "$@"
+    exit $?
+fi
+if [ -z "${PYLLAMA_MOE_NO_BUILD:-}" ]; then
+    "$PY" scripts/vendor.py apply
+    start=$(date +%s)
+    "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
+        -C build-dir="$BUILD_DIR" -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON .
+    echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
+fi
 
 [ "${1:-}" = build ] && exit 0
 make_models() {  # after the build: the writer takes its tokenizer from the vendored tree

@@ -6,7 +6,19 @@ import ctypes
 import sys
 from pathlib import Path
 
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """The installed distribution's version (e.g. ``0.1.0+b11549.p20.cu13``; pyproject.toml's in a source checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyllama-moe")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaError", "LlamaGrammar",

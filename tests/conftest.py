@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # scripts.vendor; pyllama_moe takes its compiled parts from the installed copy
+# scripts.vendor and scripts.wheel_variant. Last, so an installed pyllama_moe wins (ci/test.sh tests the wheel
+# from the tests folder); run from the repository root, the source folder comes first and takes its compiled
+# parts from the installed copy
+sys.path.append(str(REPO))
 
 
 def _native() -> bool:

@@ -15,6 +15,10 @@ from pyllama_moe import backend
 def binary(name: str) -> Path:
     from pyllama_moe import bench
 
+    # a wheel ships none of them: ci/wheel.sh builds them into a folder of their own
+    folder = os.environ.get("PYLLAMA_MOE_NATIVE_BIN")
+    if folder:
+        return Path(folder) / name
     try:
         return bench.tool_path(name)
     except FileNotFoundError:

@@ -195,3 +195,17 @@ def test_the_real_tree_is_upstream_plus_series() -> None:
     vendor.check(lay)
     assert vendor.git(lay.dest, "rev-list", "--count", "upstream..HEAD") == str(len(vendor.series(lay.patches)))
     assert "sha256 " + lay.pin.sha256 in vendor.git(lay.dest, "log", "-1", "--format=%B", "upstream")
+
+
+def test_the_version_names_the_pin_and_the_series() -> None:
+    """pyproject's version is 0.1.0+<upstream build>.p<patches>, and the installed package reports it."""
+    import tomllib
+
+    import pyllama_moe
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    pin = vendor.Pin.load(vendor.DEFAULT_PIN)
+    n = len(vendor.series(vendor.DEFAULT_PATCHES))
+    assert version.split("+")[1] == f"{pin.build}.p{n}", "bump pyproject.toml's version with the pin or the series"
+    # a CUDA wheel adds its variant (ci/wheel.sh): +b11549.p20.cu13
+    assert pyllama_moe.__version__ == version or pyllama_moe.__version__.startswith(version + ".cu")
