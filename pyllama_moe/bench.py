@@ -20,7 +20,9 @@ The table is the measurement: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -30,6 +32,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from pyllama_moe.trace import TraceSummary
 
 EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
 CACHE_LINE = re.compile(
@@ -142,6 +146,7 @@ class Row:
     stddev: float = 0.0
     cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     digest: str = ""  # Python runs: hash of the prompt's last logits (pp) or of the greedy tokens (tg)
+    trace: dict[str, Any] = dataclasses.field(default_factory=dict)  # --trace: trace.TraceSummary of the timed part
 
 
 # ---------------------------------------------------------------- parsing tool output
@@ -249,16 +254,17 @@ def cache_mib(model: Path, setup: Setup) -> int:
 
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
-                run: Runner = run_tool, warm: int = 0, first: int = 0) -> list[Row]:
+                run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
-    cache's hit rate in those decode steps)."""
+    cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
+    tokens (``trace.Tracer``: the timing includes the tracer's overhead)."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
     spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
-            "kwargs": kwargs}
+            "trace": trace, "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
@@ -273,14 +279,14 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     # results, may differ too, so its hashes are not compared
     same = not setup.fit_gib
     rows = [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
-                digest=res["pp_digest"] if same else ""),
+                digest=res["pp_digest"] if same else "", trace=res.get("pp_trace", {})),
             Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"], cache=stats,
                 digest=res["tg_digest"] if same else "")]
     if "first" in res:
         f = res["first"]
         rows.append(Row(setup.name, switches, "python", n_prompt, n_ubatch, f["n"], f["ts"],
-                        cache={"first": {k: v for k, v in f.items() if k != "digest"}},
-                        digest=f["digest"] if same else ""))
+                        cache={"first": {k: v for k, v in f.items() if k not in ("digest", "trace")}},
+                        digest=f["digest"] if same else "", trace=f.get("trace", {})))
     return rows
 
 
@@ -304,6 +310,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from pyllama_moe.ffi import lib
     from pyllama_moe.llama import Llama
     from pyllama_moe.params import physical_cores
+    from pyllama_moe.trace import Tracer
 
     n_prompt, n_ubatch, tg = spec["n_prompt"], spec["n_ubatch"], spec["tg"]
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
@@ -320,24 +327,30 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("warm"):  # a warm MoE cache: decode fills it before the timed prompt (the KV cache is cleared)
             llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
             llm.reset()
+        traced = Tracer() if spec.get("trace") else contextlib.nullcontext()
         t0 = time.perf_counter()
-        llm.eval(tokens)
-        lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
+        with traced:
+            llm.eval(tokens)
+            lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
         t_pp = time.perf_counter() - t0
         pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
         first = {}
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
             before = llm.moe_cache_stats()
             gen: list[int] = []
+            traced_first = Tracer() if spec.get("trace") else contextlib.nullcontext()
             t0 = time.perf_counter()
-            for _ in range(n_first):
-                gen.append(int(np.argmax(llm._ctx.logits_ith(-1))))
-                llm.eval(gen[-1:])
-            lib.llama_synchronize(llm._ctx.ptr)
+            with traced_first:
+                for _ in range(n_first):
+                    gen.append(int(np.argmax(llm._ctx.logits_ith(-1))))
+                    llm.eval(gen[-1:])
+                lib.llama_synchronize(llm._ctx.ptr)
             t_first = time.perf_counter() - t0
             after = llm.moe_cache_stats()
             first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first,
                      "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16]}
+            if isinstance(traced_first, Tracer):
+                first["trace"] = traced_first.as_dict()
             if before and after:  # decode looks up the cache on the device, or on the host (ubatches of <= 8)
                 hits = sum(after[p]["hits"] - before[p]["hits"] for p in ("device", "small"))
                 misses = sum(after[p]["misses"] - before[p]["misses"] for p in ("device", "small"))
@@ -355,6 +368,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
                "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16], "placement": llm.placement}
         if first:
             out["first"] = first
+        if isinstance(traced, Tracer):
+            out["pp_trace"] = traced.as_dict()
         return out
 
 
@@ -549,6 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--first", type=int, default=0, metavar="N",
                     help="Python API: N greedy tokens continue the timed prompt: their speed, the MoE cache's hit "
                          "rate in those decode steps and the time with the prompt (what the seed of the cache changes)")
+    ap.add_argument("--trace", action="store_true",
+                    help="Python API: record what the GPU did in the timed prompt and the --first tokens (PyTorch's "
+                         "profiler: kernels and copies per stream, copy time under compute) and print a summary")
     ap.add_argument("--api-every-ub", action="store_true",
                     help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
                          "is then compared across the switches at each)")
@@ -578,6 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--no-api and --no-native leave nothing to run")
     if not args.dense and any(n in DENSE_SETUPS for n in names):
         ap.error("the dense-* setups need --dense MODEL")
+    if args.trace and (args.no_api or importlib.util.find_spec("torch") is None):
+        ap.error("--trace traces the Python API runs through PyTorch's profiler: it needs PyTorch, and not --no-api")
     from pyllama_moe import backend
 
     gpu = backend.gpu_available()
@@ -617,7 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not args.no_api:
                     api_ub = [u for u in ub if u <= max(pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
-                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first)
+                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first,
+                                            trace=args.trace)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)
@@ -629,6 +650,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, pl in placed.items():  # where the fit put the weights
         print(f"\n{name}: " + ", ".join(f"{k}={v}" for k, v in pl.items()))
     bad = mismatches(rows)
+    traced = [r for r in rows if r.trace]
+    if traced:
+        print("\nGPU activity of the timed part (--trace; these runs' speeds include the tracer's overhead):")
+    for r in traced:
+        what = f"pp{r.n_prompt} ub{r.n_ubatch}" + (f" + {r.n_gen} tokens after it" if r.n_gen else "")
+        print(f"- {r.setup} {switch_label(r.switches)} {what}: {TraceSummary(**r.trace).line()}")
     for line in bad:
         print(f"\n!!! {line}")
     if bw:
