@@ -254,17 +254,19 @@ def cache_mib(model: Path, setup: Setup) -> int:
 
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
-                run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False) -> list[Row]:
+                run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False,
+                warmup: int = 64) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
     cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
-    tokens (``trace.Tracer``: the timing includes the tracer's overhead)."""
+    tokens (``trace.Tracer``: the timing includes the tracer's overhead). ``warmup``: the tokens of the prompt
+    evaluated once before it (at most a ubatch; 0: none), to build graphs and load kernels outside the timing."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
     spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
-            "trace": trace, "kwargs": kwargs}
+            "trace": trace, "warmup": warmup, "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
@@ -322,8 +324,10 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
                n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
         rng = np.random.default_rng(0)
         tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
-        llm.eval(tokens[:min(n_ubatch, 64)])  # warm-up: graphs, CUDA kernels, the cache's first uploads
-        llm.reset()
+        n_warmup = min(n_ubatch, spec.get("warmup", 64))
+        if n_warmup:  # graphs, CUDA kernels (loaded on first use), the cache's first uploads
+            llm.eval(tokens[:n_warmup])
+            llm.reset()
         if spec.get("warm"):  # a warm MoE cache: decode fills it before the timed prompt (the KV cache is cleared)
             llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
             llm.reset()
@@ -561,6 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=0, metavar="N",
                     help="Python API: generate N tokens before the timed prompt, so the MoE cache is warm "
                          "(the prompt path copies cached experts from it)")
+    ap.add_argument("--warmup", type=int, default=64, metavar="N",
+                    help="Python API: evaluate the first N tokens of the prompt (at most a ubatch) once before timing "
+                         "it (default 64; llama-bench warms up with the whole prompt; 0: none)")
     ap.add_argument("--first", type=int, default=0, metavar="N",
                     help="Python API: N greedy tokens continue the timed prompt: their speed, the MoE cache's hit "
                          "rate in those decode steps and the time with the prompt (what the seed of the cache changes)")
@@ -638,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     api_ub = [u for u in ub if u <= max(pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
                         rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first,
-                                            trace=args.trace)
+                                            trace=args.trace, warmup=args.warmup)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)

@@ -155,6 +155,21 @@ def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.Capt
     assert rows[0]["cache"]["first"]["s_with_prompt"] > 0
 
 
+def test_warmup_changes_no_result(tiny: Path) -> None:
+    # --warmup: the tokens evaluated before the timed prompt (none, or more than the default 64) change its speed only
+    setup = bench.setup_named("cpu_moe-none")
+    assert setup is not None
+    seen = []
+    for warmup in (0, 64):
+        def run(cmd: list[str], env: dict[str, str]) -> str:
+            seen.append(json.loads(cmd[-1])["warmup"])
+            return bench.run_tool(cmd, env)
+
+        rows = bench.api_measure(tiny, setup, {}, 64, 64, 4, run=run, warmup=warmup)
+        seen.append(tuple(r.digest for r in rows))
+    assert seen[0] == 0 and seen[2] == 64 and seen[1] == seen[3]
+
+
 def test_mismatches_are_found() -> None:
     def row(sw: dict[str, str], digest: str, n_prompt: int = 64) -> bench.Row:
         return bench.Row("gpu", sw, "python", n_prompt, 64, 0 if n_prompt else 8, 1.0, digest=digest)
