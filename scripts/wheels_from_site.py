@@ -13,6 +13,7 @@ the same nvidia-*, numpy and pytest files that pip would have downloaded.
 from __future__ import annotations
 
 import argparse
+import email
 import re
 import sys
 import zipfile
@@ -69,8 +70,9 @@ def write_wheel(dist: metadata.Distribution, out: Path) -> Path:
     return dest
 
 
-def _requirements(dist: metadata.Distribution) -> Iterable[str]:
-    for line in dist.requires or []:
+def _requirements(requires: Iterable[str]) -> Iterable[str]:
+    """The names of the Requires-Dist lines that apply here, without extras."""
+    for line in requires:
         req = Requirement(line)
         if req.marker is None or req.marker.evaluate({"extra": ""}):
             yield req.name
@@ -89,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.requires_of:
         with zipfile.ZipFile(args.requires_of) as z:
             meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-            todo += [r for r in _requirements(metadata.PathDistribution(zipfile.Path(z, meta).parent))]
+            todo += _requirements(email.message_from_bytes(z.read(meta)).get_all("Requires-Dist") or [])
     while todo:
         name = canonicalize_name(todo.pop())
         if name in done:
@@ -101,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wheels_from_site: {name} is not installed", file=sys.stderr)
             return 1
         print(write_wheel(dist, args.out))
-        todo.extend(_requirements(dist))
+        todo.extend(_requirements(dist.requires or []))
     return 0
 
 

@@ -45,3 +45,16 @@ def test_a_missing_distribution_is_an_error(tmp_path: Path) -> None:
                           "no-such-distribution-xyz"], capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 1
     assert "no-such-distribution-xyz is not installed" in res.stderr
+
+
+def test_the_requirements_of_a_wheel(tmp_path: Path) -> None:
+    # --requires-of: the wheel's Requires-Dist that apply here (markers evaluated, extras left out)
+    wheel = tmp_path / "x-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("x-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: x\nVersion: 1.0\n"
+                   "Requires-Dist: iniconfig\nRequires-Dist: no-such-distribution-xyz; python_version < '3'\n"
+                   'Requires-Dist: no-such-distribution-abc; extra == "test"\n\nbody\n')
+    res = subprocess.run([sys.executable, "-m", "scripts.wheels_from_site", "--out", str(tmp_path / "w"),
+                          "--requires-of", str(wheel)], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert [p.name.split("-")[0] for p in (tmp_path / "w").glob("*.whl")] == ["iniconfig"]
