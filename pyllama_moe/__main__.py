@@ -12,6 +12,9 @@ def _info(_: argparse.Namespace) -> int:
     from pyllama_moe import _build_info, backend
 
     print(f"pyllama-moe {pyllama_moe.__version__}: llama.cpp {_build_info.UPSTREAM_BUILD} + patch series {_build_info.PATCH_SERIES}")
+    cuda = getattr(_build_info, "CUDA_VERSION", "")
+    if cuda:
+        print(f"built with CUDA {cuda}")
     print(backend.system_info().strip())
     for d in backend.devices():
         print(f"device {d.index}: {d.name} ({d.type}) {d.description}: "
