@@ -33,6 +33,9 @@ vendor.export(lay, stamp=False)
 PY
 diff -r patches "$tmp/series" || { echo "patches/ differs from an export of vendor/llama.cpp"; exit 1; }
 
+echo "== types (mypy, pyproject.toml's [tool.mypy])"
+"$VPY" -m mypy
+
 echo "== tests"
 # from the tests folder, so that the wheel's package, not the source folder, is imported
 cd tests

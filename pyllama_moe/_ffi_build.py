@@ -96,7 +96,9 @@ def preprocess(include: Sequence[Path]) -> list[tuple[str, str]]:
 
 def split_declarations(text: str) -> list[str]:
     """Top-level declarations (ending in ';'); function bodies (static inline helpers) are dropped."""
-    decls, cur, depth, i = [], [], 0, 0
+    decls: list[str] = []
+    cur: list[str] = []
+    depth, i = 0, 0
     body = False
     while i < len(text):
         c = text[i]

@@ -121,7 +121,7 @@ KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CA
                  "LLAMA_MOE_CACHE_SEED", "LLAMA_SAMPLER_PENALTIES_INDEXED")
 UPSTREAM = "upstream"
 # --dense with --preset 30b-a3b: about 8 GiB at q4_0, a Qwen3-8B-like shape
-DENSE_SHAPE = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
+DENSE_SHAPE: dict[str, Any] = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
 
 
 def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False) -> None:
@@ -218,7 +218,7 @@ def run_tool(cmd: list[str], env: dict[str, str]) -> str:
 
 def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
             reps: int, run: Runner = run_tool) -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     if setup.fit_gib:  # our fit is Python's: no native run
         return rows
     if not setup.has_cache:
@@ -415,7 +415,7 @@ def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
 TYPICAL = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "repeat_penalty": 1.1, "seed": 42}
 
 
-def overhead(model: Path, n: int = 128, n_gpu_layers: int = 0, reps: int = 3) -> list[dict[str, float]]:
+def overhead(model: Path, n: int = 128, n_gpu_layers: int = 0, reps: int = 3) -> list[dict[str, Any]]:
     """``create_completion`` against a bare decode loop on the same context, in microseconds per token.
 
     The bare loop is what generation cannot do without: one ``llama_decode`` and one greedy
@@ -469,7 +469,7 @@ def overhead(model: Path, n: int = 128, n_gpu_layers: int = 0, reps: int = 3) ->
             lib.llama_sampler_free(greedy)
 
 
-def overhead_table(rows: list[dict[str, float]]) -> str:
+def overhead_table(rows: list[dict[str, Any]]) -> str:
     out = ["| path | tokens | us/token | overhead us/token |", "|---|---|---|---|"]
     out += [f"| {r['path']} | {r['tokens']} | {r['us_per_token']:.0f} | {r['overhead_us']:.0f} |" for r in rows]
     return "\n".join(out)
@@ -610,11 +610,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = backend.gpu_available()
     pp = [int(x) for x in args.pp.split(",")]
     ub = sorted(int(x) for x in args.ub.split(","))
-    settings = [{}] + [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
+    settings: list[dict[str, str]] = [{}]
+    settings += [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
     if args.upstream:
         settings.append(upstream_switches())
     rows: list[Row] = []
-    skipped, failed = [], []
+    skipped: list[str] = []
+    failed: list[str] = []
     bw: dict[str, float] = {}
 
     def save() -> None:  # after every run, so an interrupted matrix keeps what it measured

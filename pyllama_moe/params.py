@@ -161,7 +161,7 @@ class ModelParams:
 
     def override_patterns(self) -> list[str]:
         """The tensor name patterns of the overrides in effect (the fit may have replaced those set here)."""
-        p, out = self.ptr.tensor_buft_overrides, []
+        p, out = self.ptr.tensor_buft_overrides, list[str]()
         while p != ffi.NULL and p[len(out)].pattern != ffi.NULL:
             out.append(ffi.string(p[len(out)].pattern).decode())
         return out

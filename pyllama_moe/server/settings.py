@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,10 @@ class ConfigFile(ServerSettings):
     models: list[ModelSettings] = Field(default_factory=list)
 
 
+_KV_PARSERS: dict[str, Callable[[str], bool | int | float | str]] = {
+    "bool": lambda v: v.lower() in ("1", "true"), "int": int, "float": float, "str": str}
+
+
 def parse_kv_overrides(items: list[str]) -> dict[str, bool | int | float | str]:
     out: dict[str, bool | int | float | str] = {}
     for item in items:
@@ -87,7 +92,7 @@ def parse_kv_overrides(items: list[str]) -> dict[str, bool | int | float | str]:
         kind, sep2, value = rest.partition(":")
         if not sep or not sep2 or kind not in ("bool", "int", "float", "str"):
             raise ValueError(f"kv_overrides: {item!r} is not KEY=TYPE:VALUE with TYPE bool, int, float or str")
-        out[key] = {"bool": lambda v: v.lower() in ("1", "true"), "int": int, "float": float, "str": str}[kind](value)
+        out[key] = _KV_PARSERS[kind](value)
     return out
 
 
