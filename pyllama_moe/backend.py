@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyllama_moe.errors import note_native_error
+from pyllama_moe.errors import LlamaError, check_true, native_mark, note_native_error
 from pyllama_moe.ffi import ffi, lib
 
 logger = logging.getLogger("pyllama_moe")
@@ -213,6 +213,19 @@ def devices() -> list[Device]:
             memory_free=int(free[0]),
             memory_total=int(total[0]),
         ))
+    return out
+
+
+def h2d_bandwidth(device: Device, n_bytes: int = 1 << 30, reps: int = 3) -> dict[str, float]:
+    """Host-to-device copy bandwidth to ``device`` in GB/s, from pinned (``pinned``; absent if the device has
+    no pinned host buffer type) and pageable (``pageable``) memory, copied as llama.cpp uploads weights."""
+    init()
+    pinned, pageable = ffi.new("double *"), ffi.new("double *")
+    mark = native_mark()
+    rc = lib.pyllama_moe_h2d_bandwidth(device.index, n_bytes, reps, pinned, pageable)
+    check_true(rc == 0, LlamaError, f"cannot measure the copy bandwidth to {device.name}", mark)
+    out = {"pinned": pinned[0] / 1e9} if pinned[0] > 0 else {}
+    out["pageable"] = pageable[0] / 1e9
     return out
 
 

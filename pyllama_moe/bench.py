@@ -388,25 +388,11 @@ def mismatches(rows: Iterable[Row]) -> list[str]:
 
 
 def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
-    """Host-to-device copy bandwidth (GB/s), pinned and pageable, measured with PyTorch when present."""
-    try:
-        import torch
-    except ImportError:
-        return {}
-    if not torch.cuda.is_available():
-        return {}
-    out = {}
-    dev = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
-    for kind, pin in (("pinned", True), ("pageable", False)):
-        host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pin)
-        dev.copy_(host, non_blocking=pin)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(3):
-            dev.copy_(host, non_blocking=pin)
-        torch.cuda.synchronize()
-        out[kind] = 3 * n_bytes / (time.perf_counter() - t0) / 1e9
-    return out
+    """Host-to-device copy bandwidth (GB/s) to the first GPU, pinned and pageable ({} without a GPU)."""
+    from pyllama_moe import backend
+
+    gpu = next((d for d in backend.devices() if d.type in ("gpu", "igpu")), None)
+    return backend.h2d_bandwidth(gpu, n_bytes) if gpu is not None else {}
 
 
 # ---------------------------------------------------------------- Python overhead per token

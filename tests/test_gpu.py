@@ -47,3 +47,15 @@ def test_host_experts_and_moe_cache(tiny: Path) -> None:
     # the prompt (a large batch) runs on the GPU both ways; upstream's cache stages the experts in
     # another layout, so the sums round differently (measured on the H200: max 0.0055 of 0.83)
     np.testing.assert_allclose(cached_logits[0], plain_logits[0], rtol=0, atol=0.02 * scale)
+
+
+def test_copy_bandwidth_to_the_gpu() -> None:
+    # what the bench reports beside its figures: both kinds measured, finite and positive (speed itself is
+    # for the bench to show, not for a test to assert)
+    from pyllama_moe import backend, bench
+
+    gpu = next(d for d in backend.devices() if d.type == "gpu")
+    bw = backend.h2d_bandwidth(gpu, 64 << 20, reps=2)
+    assert set(bw) == {"pinned", "pageable"}
+    assert all(0 < v < float("inf") for v in bw.values())
+    assert set(bench.h2d_bandwidth(64 << 20)) == {"pinned", "pageable"}

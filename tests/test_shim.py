@@ -54,3 +54,16 @@ def test_fit_params(tiny: Path, tmp_path: Path) -> None:
     assert lib.pyllama_moe_fit_params(str(tiny).encode(), *args) == 0
     assert cparams.n_ctx >= 256  # set from the model (its training context fits)
     assert lib.pyllama_moe_fit_params(str(tmp_path / "absent.gguf").encode(), *args) == 2
+
+
+def test_copy_bandwidth_refuses_the_host_and_bad_arguments() -> None:
+    from pyllama_moe import bench
+    from pyllama_moe.errors import LlamaError
+
+    cpu = next(d for d in backend.devices() if d.type == "cpu")
+    with pytest.raises(LlamaError, match=f"cannot measure the copy bandwidth to {cpu.name}.*is the host"):
+        backend.h2d_bandwidth(cpu, 1 << 20)
+    out = ffi.new("double[2]")
+    assert lib.pyllama_moe_h2d_bandwidth(len(backend.devices()), 1 << 20, 1, out, out + 1) == -1  # no such device
+    if not backend.gpu_available():  # the bench reports no bandwidth rather than failing
+        assert bench.h2d_bandwidth() == {}

@@ -4,8 +4,13 @@
 
 #include "fit.h"
 
+#include "ggml-backend.h"
+
 #include <algorithm>
+#include <chrono>
 #include <exception>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,6 +63,58 @@ int32_t pyllama_moe_device_memory(
             out[5*i + 4] = (int64_t) data[i].compute;
         }
         return n;
+    } catch (const std::exception & e) {
+        log_error(__func__, e.what());
+        return -1;
+    }
+}
+
+// bytes per second of reps synchronous copies of src into t (after one untimed copy)
+static double h2d_rate(ggml_tensor * t, const void * src, size_t n_bytes, int32_t reps) {
+    ggml_backend_tensor_set(t, src, 0, n_bytes);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < reps; ++i) {
+        ggml_backend_tensor_set(t, src, 0, n_bytes);
+    }
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    return (double) n_bytes*reps/dt.count();
+}
+
+int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps, double * pinned_bps, double * pageable_bps) {
+    try {
+        if (dev_index >= ggml_backend_dev_count() || n_bytes == 0 || reps < 1) {
+            throw std::invalid_argument("no such device, or nothing to copy");
+        }
+        ggml_backend_dev_t dev = ggml_backend_dev_get(dev_index);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            throw std::invalid_argument(std::string(ggml_backend_dev_name(dev)) + " is the host");
+        }
+        using buffer_ptr  = std::unique_ptr<ggml_backend_buffer, decltype(&ggml_backend_buffer_free)>;
+        using context_ptr = std::unique_ptr<ggml_context, decltype(&ggml_free)>;
+
+        buffer_ptr dst(ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), n_bytes), ggml_backend_buffer_free);
+        if (!dst) {
+            throw std::runtime_error("cannot allocate the device buffer");
+        }
+        ggml_init_params params = { ggml_tensor_overhead(), nullptr, /*no_alloc =*/ true };
+        context_ptr ctx(ggml_init(params), ggml_free);
+        ggml_tensor * t = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I8, (int64_t) n_bytes);
+        if (ggml_backend_tensor_alloc(dst.get(), t, ggml_backend_buffer_get_base(dst.get())) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("cannot place the tensor in the device buffer");
+        }
+
+        *pinned_bps = 0.0;
+        if (ggml_backend_buffer_type_t host = ggml_backend_dev_host_buffer_type(dev)) {
+            buffer_ptr src(ggml_backend_buft_alloc_buffer(host, n_bytes), ggml_backend_buffer_free);
+            if (!src) {
+                throw std::runtime_error("cannot allocate the pinned host buffer");
+            }
+            ggml_backend_buffer_clear(src.get(), 1); // touched, and never zeros
+            *pinned_bps = h2d_rate(t, ggml_backend_buffer_get_base(src.get()), n_bytes, reps);
+        }
+        std::vector<uint8_t> pageable(n_bytes, 1);
+        *pageable_bps = h2d_rate(t, pageable.data(), n_bytes, reps);
+        return 0;
     } catch (const std::exception & e) {
         log_error(__func__, e.what());
         return -1;
