@@ -6,11 +6,11 @@
 #   ci/gpu.sh wheel [pytest args]  build the CUDA wheel (ci/wheel.sh cuda, sm_90 unless PYLLAMA_MOE_CUDA_ARCHS says
 #                                  otherwise), install it in a fresh venv with only its dependencies and run the GPU
 #                                  tests there with the CUDA toolkit hidden (venv: /tmp/wheel/venv)
-# PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
 #   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
+# PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
 # Needs no network: the build uses the installed scikit-build-core and cffi.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def _version() -> str:
     """The installed distribution's version (e.g. ``0.1.0+b11549.p20.cu13``; pyproject.toml's in a source checkout)."""
     from importlib.metadata import PackageNotFoundError, version

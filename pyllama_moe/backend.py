@@ -229,9 +229,14 @@ def h2d_bandwidth(device: Device, n_bytes: int = 1 << 30, reps: int = 3) -> dict
     return out
 
 
+def gpus() -> list[Device]:
+    """The GPU devices (CUDA, ROCm, MUSA, ...), in registry order."""
+    return [d for d in devices() if d.type in ("gpu", "igpu")]
+
+
 def gpu_available() -> bool:
-    """Whether a GPU device (CUDA, ROCm, MUSA, ...) is usable."""
-    return any(d.type in ("gpu", "igpu") for d in devices())
+    """Whether a GPU device is usable."""
+    return bool(gpus())
 
 
 def buffer_types() -> dict[str, Any]:

@@ -20,7 +20,6 @@ The table is the measurement: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -33,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyllama_moe.trace import TraceSummary
+from pyllama_moe.trace import Tracer, TraceSummary
 
 EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
 CACHE_LINE = re.compile(
@@ -312,7 +311,6 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from pyllama_moe.ffi import lib
     from pyllama_moe.llama import Llama
     from pyllama_moe.params import physical_cores
-    from pyllama_moe.trace import Tracer
 
     n_prompt, n_ubatch, tg = spec["n_prompt"], spec["n_ubatch"], spec["tg"]
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
@@ -331,7 +329,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("warm"):  # a warm MoE cache: decode fills it before the timed prompt (the KV cache is cleared)
             llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
             llm.reset()
-        traced = Tracer() if spec.get("trace") else contextlib.nullcontext()
+        traced = Tracer(spec.get("trace", False))
         t0 = time.perf_counter()
         with traced:
             llm.eval(tokens)
@@ -342,7 +340,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
             before = llm.moe_cache_stats()
             gen: list[int] = []
-            traced_first = Tracer() if spec.get("trace") else contextlib.nullcontext()
+            traced_first = Tracer(spec.get("trace", False))
             t0 = time.perf_counter()
             with traced_first:
                 for _ in range(n_first):
@@ -352,9 +350,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
             t_first = time.perf_counter() - t0
             after = llm.moe_cache_stats()
             first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first,
-                     "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16]}
-            if isinstance(traced_first, Tracer):
-                first["trace"] = traced_first.as_dict()
+                     "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16], "trace": traced_first.as_dict()}
             if before and after:  # decode looks up the cache on the device, or on the host (ubatches of <= 8)
                 hits = sum(after[p]["hits"] - before[p]["hits"] for p in ("device", "small"))
                 misses = sum(after[p]["misses"] - before[p]["misses"] for p in ("device", "small"))
@@ -369,11 +365,10 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         n_gen = res["usage"]["completion_tokens"]
         gen = llm.tokenize(res["choices"][0]["text"].encode(), add_bos=False, special=True)
         out = {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": n_gen, "tg_ts": n_gen / t_tg,
-               "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16], "placement": llm.placement}
+               "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16], "placement": llm.placement,
+               "pp_trace": traced.as_dict()}
         if first:
             out["first"] = first
-        if isinstance(traced, Tracer):
-            out["pp_trace"] = traced.as_dict()
         return out
 
 
@@ -391,8 +386,8 @@ def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
     """Host-to-device copy bandwidth (GB/s) to the first GPU, pinned and pageable ({} without a GPU)."""
     from pyllama_moe import backend
 
-    gpu = next((d for d in backend.devices() if d.type in ("gpu", "igpu")), None)
-    return backend.h2d_bandwidth(gpu, n_bytes) if gpu is not None else {}
+    gpus = backend.gpus()
+    return backend.h2d_bandwidth(gpus[0], n_bytes) if gpus else {}
 
 
 # ---------------------------------------------------------------- Python overhead per token

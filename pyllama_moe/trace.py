@@ -130,9 +130,14 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> TraceSummary:
 
 
 class Tracer:
-    """``with Tracer() as t: ...`` then ``t.summary``: the GPU activity of the block. Needs PyTorch with CUDA."""
+    """``with Tracer() as t: ...`` then ``t.summary``: the GPU activity of the block. Needs PyTorch with CUDA.
+    ``Tracer(False)`` records nothing (its ``as_dict()`` is empty), so a caller needs no second code path."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.summary = TraceSummary()
+        if not enabled:
+            return
         try:
             import torch
             from torch.profiler import ProfilerActivity, profile
@@ -141,13 +146,15 @@ class Tracer:
         if not torch.cuda.is_available():
             raise RuntimeError("tracing needs a CUDA device visible to PyTorch")
         self._profile = profile(activities=[ProfilerActivity.CUDA])
-        self.summary = TraceSummary()
 
     def __enter__(self) -> Tracer:
-        self._profile.__enter__()
+        if self.enabled:
+            self._profile.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
         self._profile.__exit__(*exc)
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
@@ -159,4 +166,4 @@ class Tracer:
             os.unlink(path)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self.summary)
+        return asdict(self.summary) if self.enabled else {}

@@ -54,6 +54,13 @@ def test_summary_of_a_trace() -> None:
     assert trace.summarize([]) == trace.TraceSummary()
 
 
+def test_a_disabled_tracer_records_nothing() -> None:
+    # the bench's runs without --trace go through the same code: no PyTorch needed, nothing recorded
+    with trace.Tracer(False) as t:
+        pass
+    assert t.as_dict() == {} and t.summary == trace.TraceSummary()
+
+
 def test_a_traced_row_survives_the_json_file() -> None:
     row = bench.Row("cache-80", {}, "python", 2048, 2048, 0, 6000.0, trace=dataclasses.asdict(trace.summarize(EVENTS)))
     again = bench.Row(**json.loads(json.dumps(dataclasses.asdict(row))))

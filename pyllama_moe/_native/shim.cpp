@@ -5,11 +5,11 @@
 #include "fit.h"
 
 #include "ggml-backend.h"
+#include "ggml-cpp.h"
 
 #include <algorithm>
 #include <chrono>
 #include <exception>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -89,15 +89,12 @@ int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps
         if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
             throw std::invalid_argument(std::string(ggml_backend_dev_name(dev)) + " is the host");
         }
-        using buffer_ptr  = std::unique_ptr<ggml_backend_buffer, decltype(&ggml_backend_buffer_free)>;
-        using context_ptr = std::unique_ptr<ggml_context, decltype(&ggml_free)>;
-
-        buffer_ptr dst(ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), n_bytes), ggml_backend_buffer_free);
+        ggml_backend_buffer_ptr dst(ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), n_bytes));
         if (!dst) {
             throw std::runtime_error("cannot allocate the device buffer");
         }
         ggml_init_params params = { ggml_tensor_overhead(), nullptr, /*no_alloc =*/ true };
-        context_ptr ctx(ggml_init(params), ggml_free);
+        ggml_context_ptr ctx(ggml_init(params));
         ggml_tensor * t = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I8, (int64_t) n_bytes);
         if (ggml_backend_tensor_alloc(dst.get(), t, ggml_backend_buffer_get_base(dst.get())) != GGML_STATUS_SUCCESS) {
             throw std::runtime_error("cannot place the tensor in the device buffer");
@@ -105,7 +102,7 @@ int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps
 
         *pinned_bps = 0.0;
         if (ggml_backend_buffer_type_t host = ggml_backend_dev_host_buffer_type(dev)) {
-            buffer_ptr src(ggml_backend_buft_alloc_buffer(host, n_bytes), ggml_backend_buffer_free);
+            ggml_backend_buffer_ptr src(ggml_backend_buft_alloc_buffer(host, n_bytes));
             if (!src) {
                 throw std::runtime_error("cannot allocate the pinned host buffer");
             }
