@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterator
@@ -216,16 +217,22 @@ def devices() -> list[Device]:
     return out
 
 
-def h2d_bandwidth(device: Device, n_bytes: int = 1 << 30, reps: int = 3) -> dict[str, float]:
+def h2d_bandwidth(device: Device, n_bytes: int = 1 << 30, reps: int = 3,
+                  mapped: str | os.PathLike[str] | None = None) -> dict[str, float]:
     """Host-to-device copy bandwidth to ``device`` in GB/s, from pinned (``pinned``; absent if the device has
-    no pinned host buffer type) and pageable (``pageable``) memory, copied as llama.cpp uploads weights."""
+    no pinned host buffer type) and pageable (``pageable``) memory, copied as llama.cpp uploads weights; with
+    ``mapped`` (a file, e.g. the model), also from that file's first ``n_bytes`` mapped read-only (``mapped``:
+    page-cache pages, as load mode mmap uploads them; absent where files cannot be mapped)."""
     init()
-    pinned, pageable = ffi.new("double *"), ffi.new("double *")
+    pinned, pageable, from_file = ffi.new("double *"), ffi.new("double *"), ffi.new("double *")
+    path = ffi.new("char[]", os.fsencode(mapped)) if mapped is not None else ffi.NULL
     mark = native_mark()
-    rc = lib.pyllama_moe_h2d_bandwidth(device.index, n_bytes, reps, pinned, pageable)
+    rc = lib.pyllama_moe_h2d_bandwidth(device.index, n_bytes, reps, path, pinned, pageable, from_file)
     check_true(rc == 0, LlamaError, f"cannot measure the copy bandwidth to {device.name}", mark)
     out = {"pinned": pinned[0] / 1e9} if pinned[0] > 0 else {}
     out["pageable"] = pageable[0] / 1e9
+    if from_file[0] > 0:
+        out["mapped"] = from_file[0] / 1e9
     return out
 
 

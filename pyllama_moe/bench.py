@@ -382,12 +382,13 @@ def mismatches(rows: Iterable[Row]) -> list[str]:
             for (setup, col), by_sw in seen.items() if len(set(by_sw.values())) > 1]
 
 
-def h2d_bandwidth(n_bytes: int = 1 << 30) -> dict[str, float]:
-    """Host-to-device copy bandwidth (GB/s) to the first GPU, pinned and pageable ({} without a GPU)."""
+def h2d_bandwidth(n_bytes: int = 1 << 30, mapped: Path | None = None) -> dict[str, float]:
+    """Host-to-device copy bandwidth (GB/s) to the first GPU, pinned and pageable, and from ``mapped`` (the
+    model: its pages in the page cache, as the mmap setups upload them) mapped read-only ({} without a GPU)."""
     from pyllama_moe import backend
 
     gpus = backend.gpus()
-    return backend.h2d_bandwidth(gpus[0], n_bytes) if gpus else {}
+    return backend.h2d_bandwidth(gpus[0], n_bytes, mapped=mapped) if gpus else {}
 
 
 # ---------------------------------------------------------------- Python overhead per token
@@ -634,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)
             print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             save()
-    bw = h2d_bandwidth() if gpu else {}
+    bw = h2d_bandwidth(mapped=args.model) if gpu else {}
     print(table(rows))
     placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
     for name, pl in placed.items():  # where the fit put the weights
@@ -649,7 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in bad:
         print(f"\n!!! {line}")
     if bw:
-        print("\nhost-to-device copy: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()))
+        labels = {"mapped": "the model's mapped pages (load mode mmap)"}
+        print("\nhost-to-device copy: " + ", ".join(f"{labels.get(k, k)} {v:.1f} GB/s" for k, v in bw.items()))
     if skipped:
         print(f"\nnot run (no GPU, or Python-only with --no-api): {', '.join(skipped)}")
     for f in failed:

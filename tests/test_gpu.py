@@ -49,13 +49,22 @@ def test_host_experts_and_moe_cache(tiny: Path) -> None:
     np.testing.assert_allclose(cached_logits[0], plain_logits[0], rtol=0, atol=0.02 * scale)
 
 
-def test_copy_bandwidth_to_the_gpu() -> None:
-    # what the bench reports beside its figures: both kinds measured, finite and positive (speed itself is
-    # for the bench to show, not for a test to assert)
+def test_copy_bandwidth_to_the_gpu(tmp_path: Path) -> None:
+    # what the bench reports beside its figures: every kind measured, finite and positive (speed itself is
+    # for the bench to show, not for a test to assert); a file shorter than n_bytes is copied whole
     from pyllama_moe import backend, bench
+    from pyllama_moe.errors import LlamaError
 
     gpu = next(d for d in backend.devices() if d.type == "gpu")
-    bw = backend.h2d_bandwidth(gpu, 64 << 20, reps=2)
-    assert set(bw) == {"pinned", "pageable"}
+    data = tmp_path / "weights.bin"
+    data.write_bytes(bytes(range(256)) * (16 << 12))  # 16 MiB
+    bw = backend.h2d_bandwidth(gpu, 64 << 20, reps=2, mapped=data)
+    assert set(bw) == {"pinned", "pageable", "mapped"}
     assert all(0 < v < float("inf") for v in bw.values())
     assert set(bench.h2d_bandwidth(64 << 20)) == {"pinned", "pageable"}
+    assert set(bench.h2d_bandwidth(64 << 20, mapped=data)) == {"pinned", "pageable", "mapped"}
+    with pytest.raises(LlamaError, match="cannot open .*absent.bin"):
+        backend.h2d_bandwidth(gpu, 1 << 20, mapped=tmp_path / "absent.bin")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(LlamaError, match="cannot map .*empty.bin: empty"):
+        backend.h2d_bandwidth(gpu, 1 << 20, mapped=tmp_path / "empty.bin")

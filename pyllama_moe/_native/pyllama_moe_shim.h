@@ -37,14 +37,18 @@ int32_t pyllama_moe_device_memory(
 
 /* Host-to-device copy bandwidth of backend device dev_index (ggml_backend_dev_get), through
  * ggml_backend_tensor_set as llama's uploads go: reps copies of n_bytes from a buffer of the device's
- * host buffer type (pinned; 0 written if it has none) and from plain malloc'ed memory (pageable).
- * Writes bytes per second to pinned_bps and pageable_bps; returns 0, or -1 on error (logged). */
+ * host buffer type (pinned; 0 written if it has none), from plain malloc'ed memory (pageable) and, if
+ * mapped_path is not NULL, from that file mapped read-only (its first n_bytes at most: page-cache pages,
+ * as llama.cpp's mmap load mode uploads them; 0 written where files cannot be mapped).
+ * Writes bytes per second to pinned_bps, pageable_bps and mapped_bps; returns 0, or -1 on error (logged). */
 int32_t pyllama_moe_h2d_bandwidth(
         size_t dev_index,
         size_t n_bytes,
         int32_t reps,
+        const char * mapped_path,
         double * pinned_bps,
-        double * pageable_bps);
+        double * pageable_bps,
+        double * mapped_bps);
 
 #ifdef __cplusplus
 }

@@ -8,11 +8,20 @@
 #include "ggml-cpp.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#ifndef _WIN32
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
 
 // through llama's logger, so the message reaches Python's logging like llama.cpp's own
 static void log_error(const char * func, const char * what) {
@@ -80,7 +89,39 @@ static double h2d_rate(ggml_tensor * t, const void * src, size_t n_bytes, int32_
     return (double) n_bytes*reps/dt.count();
 }
 
-int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps, double * pinned_bps, double * pageable_bps) {
+// bytes per second from the page cache: the first n_bytes (at most) of a file mapped read-only, as llama.cpp
+// maps model files (load mode mmap); 0 where files cannot be mapped
+static double h2d_mapped_rate(ggml_tensor * t, const char * path, size_t n_bytes, int32_t reps) {
+#ifdef _WIN32
+    GGML_UNUSED(t); GGML_UNUSED(path); GGML_UNUSED(n_bytes); GGML_UNUSED(reps);
+    return 0.0;
+#else
+    const int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        throw std::runtime_error(std::string("cannot open ") + path + ": " + std::strerror(errno));
+    }
+    struct stat st = {};
+    const size_t n = fstat(fd, &st) == 0 ? std::min(n_bytes, (size_t) st.st_size) : 0;
+    void * addr = n > 0 ? mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    const int err = errno;
+    close(fd);
+    if (addr == MAP_FAILED) {
+        throw std::runtime_error(std::string("cannot map ") + path + ": " + (n > 0 ? std::strerror(err) : "empty"));
+    }
+    double rate = 0.0;
+    try {
+        rate = h2d_rate(t, addr, n, reps);
+    } catch (...) {
+        munmap(addr, n);
+        throw;
+    }
+    munmap(addr, n);
+    return rate;
+#endif
+}
+
+int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps, const char * mapped_path,
+                                  double * pinned_bps, double * pageable_bps, double * mapped_bps) {
     try {
         if (dev_index >= ggml_backend_dev_count() || n_bytes == 0 || reps < 1) {
             throw std::invalid_argument("no such device, or nothing to copy");
@@ -111,6 +152,7 @@ int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps
         }
         std::vector<uint8_t> pageable(n_bytes, 1);
         *pageable_bps = h2d_rate(t, pageable.data(), n_bytes, reps);
+        *mapped_bps = mapped_path != nullptr ? h2d_mapped_rate(t, mapped_path, n_bytes, reps) : 0.0;
         return 0;
     } catch (const std::exception & e) {
         log_error(__func__, e.what());
