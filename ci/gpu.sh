@@ -7,6 +7,8 @@
 #                                  otherwise), install it in a fresh venv with only its dependencies and run the GPU
 #                                  tests there with the CUDA toolkit hidden (venv: /tmp/wheel/venv)
 #   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup
+#   ci/gpu.sh pristine             build upstream's llama-bench and llama-batched-bench from the pinned tree without
+#                                  our patches into $PYLLAMA_MOE_PRISTINE_BUILD (/tmp/pristine), for bench --pristine
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
@@ -55,6 +57,21 @@ if [ "${1:-}" = wheel ]; then
     $ns bash -c "$hide\"\$0\" ../ci/cuda_libs.py \"$site\" && \"\$0\" -m pytest -ra -p no:cacheprovider -m gpu . \"\$@\"" \
         "$venv_py" "$@"
     exit $?
+fi
+if [ "${1:-}" = pristine ]; then
+    # upstream's own llama-bench and llama-batched-bench: the pinned tree without our patches (the vendored
+    # repository's upstream tag), built as ../shared/reference/baseline-h200.md says, for bench --pristine
+    out=${PYLLAMA_MOE_PRISTINE_BUILD:-/tmp/pristine}
+    "$PY" scripts/vendor.py apply
+    rm -rf "$out/src" && mkdir -p "$out/src"
+    git -C vendor/llama.cpp archive upstream | tar -x -C "$out/src"
+    start=$(date +%s)
+    # shellcheck disable=SC2086  # the extra arguments are words
+    cmake -S ci/pristine -B "$out/build" -G Ninja -DLLAMA_DIR="$out/src" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        ${PYLLAMA_MOE_PRISTINE_CMAKE_ARGS:--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90} >/dev/null
+    cmake --build "$out/build" --target llama-bench llama-batched-bench -j "$CMAKE_BUILD_PARALLEL_LEVEL"
+    echo "gpu.sh: pristine tools built in $(( $(date +%s) - start )) s: bench --pristine $out/build"
+    exit 0
 fi
 if [ -z "${PYLLAMA_MOE_NO_BUILD:-}" ]; then
     "$PY" scripts/vendor.py apply

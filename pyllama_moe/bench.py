@@ -119,6 +119,8 @@ def setup_named(name: str) -> Setup | None:
 KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREFETCH",
                  "LLAMA_MOE_CACHE_SEED", "LLAMA_SAMPLER_PENALTIES_INDEXED")
 UPSTREAM = "upstream"
+# the switch setting of the rows of --pristine: upstream's own tools, run with no switch set
+PRISTINE = {"(pristine build)": "1"}
 # --dense with --preset 30b-a3b: about 8 GiB at q4_0, a Qwen3-8B-like shape
 DENSE_SHAPE: dict[str, Any] = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
 
@@ -195,9 +197,15 @@ def block_count(model: Path) -> int:
 # ---------------------------------------------------------------- running the tools
 
 
-def tool_path(name: str) -> Path:
+def tool_path(name: str, tools: Path | None = None) -> Path:
+    """A native tool of our build (the package's bin folder), or of the build folder ``tools``."""
     import pyllama_moe
 
+    if tools is not None:
+        for p in (tools / name, tools / "bin" / name):
+            if p.is_file():
+                return p
+        raise FileNotFoundError(f"{name} is not in {tools} nor in {tools / 'bin'}")
     for d in pyllama_moe.__path__:
         p = Path(d) / "bin" / name
         if p.is_file():
@@ -216,15 +224,18 @@ def run_tool(cmd: list[str], env: dict[str, str]) -> str:
 
 
 def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
-            reps: int, run: Runner = run_tool) -> list[Row]:
+            reps: int, run: Runner = run_tool, tools: Path | None = None) -> list[Row]:
+    """The native tools on ``setup`` with ``switches`` in their environment; ``tools``: a build folder whose
+    tools run instead of ours (with ``switches`` == PRISTINE: upstream's own, unpatched, with no switch set)."""
     rows: list[Row] = []
     if setup.fit_gib:  # our fit is Python's: no native run
         return rows
+    env = {} if switches == PRISTINE else switches
     if not setup.has_cache:
-        cmd = [str(tool_path("llama-bench")), "-m", str(model), *setup.args, *setup.bench_args, "-fa", "1",
+        cmd = [str(tool_path("llama-bench", tools)), "-m", str(model), *setup.args, *setup.bench_args, "-fa", "1",
                "-r", str(reps), "-o", "jsonl", "-p", ",".join(map(str, pp)), "-ub", ",".join(map(str, ub)),
                "-b", str(max([*ub, *pp])), "-n", str(tg)]
-        for r in parse_jsonl(run(cmd, switches)):
+        for r in parse_jsonl(run(cmd, env)):
             if r["n_prompt"] and r["n_ubatch"] > r["n_prompt"]:
                 continue  # a ubatch larger than the prompt measures nothing new
             if r["n_gen"] and r["n_ubatch"] != ub[0]:
@@ -235,10 +246,10 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
     mib = cache_mib(model, setup)
     for p, u in ((p, u) for p in pp for u in ub if u <= p):
         # -lv 4: llama's info lines, among them the cache statistics logged when the context is freed
-        cmd = [str(tool_path("llama-batched-bench")), "-m", str(model), *setup.args, *setup.batched_args,
+        cmd = [str(tool_path("llama-batched-bench", tools)), "-m", str(model), *setup.args, *setup.batched_args,
                "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(p + tg + 16), "-b", str(p), "-ub", str(u),
                "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl", "-lv", "4"]
-        text = run(cmd, switches)
+        text = run(cmd, env)
         cache = parse_cache_stats(text)
         for r in parse_jsonl(text):
             rows.append(Row(setup.name, switches, "llama-batched-bench", r["pp"], u, 0, float(r["speed_pp"]), cache=cache))
@@ -254,13 +265,14 @@ def cache_mib(model: Path, setup: Setup) -> int:
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
                 run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False,
-                warmup: int = 64) -> list[Row]:
+                warmup: int = -1) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
     cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
-    tokens (``trace.Tracer``: the timing includes the tracer's overhead). ``warmup``: the tokens of the prompt
-    evaluated once before it (at most a ubatch; 0: none), to build graphs and load kernels outside the timing."""
+    tokens (``trace.Tracer``, started before the timing: the speeds include what recording costs while the
+    work runs). ``warmup``: the tokens of the prompt evaluated once before it (at most a ubatch, -1: a whole
+    one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
@@ -322,7 +334,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
                n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
         rng = np.random.default_rng(0)
         tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
-        n_warmup = min(n_ubatch, spec.get("warmup", 64))
+        warmup = spec.get("warmup", -1)
+        n_warmup = n_ubatch if warmup < 0 else min(n_ubatch, warmup)
         if n_warmup:  # graphs, CUDA kernels (loaded on first use), the cache's first uploads
             llm.eval(tokens[:n_warmup])
             llm.reset()
@@ -330,24 +343,24 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
             llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
             llm.reset()
         traced = Tracer(spec.get("trace", False))
-        t0 = time.perf_counter()
-        with traced:
+        with traced:  # the profiler's start and stop (seconds) outside the timing
+            t0 = time.perf_counter()
             llm.eval(tokens)
             lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
-        t_pp = time.perf_counter() - t0
+            t_pp = time.perf_counter() - t0
         pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
         first = {}
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
             before = llm.moe_cache_stats()
             gen: list[int] = []
             traced_first = Tracer(spec.get("trace", False))
-            t0 = time.perf_counter()
             with traced_first:
+                t0 = time.perf_counter()
                 for _ in range(n_first):
                     gen.append(int(np.argmax(llm._ctx.logits_ith(-1))))
                     llm.eval(gen[-1:])
                 lib.llama_synchronize(llm._ctx.ptr)
-            t_first = time.perf_counter() - t0
+                t_first = time.perf_counter() - t0
             after = llm.moe_cache_stats()
             first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first,
                      "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16], "trace": traced_first.as_dict()}
@@ -465,9 +478,12 @@ def upstream_switches() -> dict[str, str]:
 
 
 def switch_label(switches: dict[str, str]) -> str:
-    """How a switch setting is shown: ``-`` for none, ``upstream`` for every kill switch at 0."""
+    """How a switch setting is shown: ``-`` for none, ``upstream`` for every kill switch at 0, ``pristine`` for
+    the tools of an unpatched build (--pristine)."""
     if switches and switches == upstream_switches():
         return UPSTREAM
+    if switches == PRISTINE:
+        return "pristine"
     return ",".join(f"{k}={v}" for k, v in sorted(switches.items())) or "-"
 
 
@@ -531,6 +547,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                "first if absent: the preset's shape as a dense qwen3)")
     ap.add_argument("--upstream", action="store_true",
                     help=f"also run every setup with all kill switches at 0 ({', '.join(KILL_SWITCHES)})")
+    ap.add_argument("--pristine", type=Path, metavar="DIR",
+                    help="also run the native tools of DIR, a build of the pinned upstream tree without our patches "
+                         "(ci/gpu.sh pristine makes one), on every setup: the 'pristine' rows, to put beside "
+                         "--upstream's")
     ap.add_argument("--switch", action="append", default=[], metavar="ENV[=VALUE]",
                     help="a switch: each setup runs with ENV unset and with ENV=VALUE (default 0: a kill switch; "
                          "e.g. LLAMA_MOE_CACHE_DEVICE=1 for an opt-in feature) (repeatable)")
@@ -547,9 +567,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=0, metavar="N",
                     help="Python API: generate N tokens before the timed prompt, so the MoE cache is warm "
                          "(the prompt path copies cached experts from it)")
-    ap.add_argument("--warmup", type=int, default=64, metavar="N",
+    ap.add_argument("--warmup", type=int, default=-1, metavar="N",
                     help="Python API: evaluate the first N tokens of the prompt (at most a ubatch) once before timing "
-                         "it (default 64; llama-bench warms up with the whole prompt; 0: none)")
+                         "it (default: a whole ubatch, as llama-bench warms up with the prompt; 0: none)")
     ap.add_argument("--first", type=int, default=0, metavar="N",
                     help="Python API: N greedy tokens continue the timed prompt: their speed, the MoE cache's hit "
                          "rate in those decode steps and the time with the prompt (what the seed of the cache changes)")
@@ -596,6 +616,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings += [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
     if args.upstream:
         settings.append(upstream_switches())
+    if args.pristine:
+        if args.no_native:
+            ap.error("--pristine runs native tools: not with --no-native")
+        for name in ("llama-bench", "llama-batched-bench"):
+            try:
+                tool_path(name, args.pristine)
+            except FileNotFoundError as e:
+                ap.error(f"--pristine: {e}")
+        settings.append(PRISTINE)
     rows: list[Row] = []
     skipped: list[str] = []
     failed: list[str] = []
@@ -623,9 +652,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench: {name} {switch_label(sw)}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
+                pristine = sw == PRISTINE
                 if not args.no_native:
-                    rows += measure(model, setup, sw, pp, ub, args.tg, args.reps)
-                if not args.no_api:
+                    rows += measure(model, setup, sw, pp, ub, args.tg, args.reps, tools=args.pristine if pristine else None)
+                if not args.no_api and not pristine:  # the Python API runs our library only
                     api_ub = [u for u in ub if u <= max(pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
                         rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first,
@@ -643,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = mismatches(rows)
     traced = [r for r in rows if r.trace]
     if traced:
-        print("\nGPU activity of the timed part (--trace; these runs' speeds include the tracer's overhead):")
+        print("\nGPU activity of the timed part (--trace; these runs' speeds include what recording costs):")
     for r in traced:
         what = f"pp{r.n_prompt} ub{r.n_ubatch}" + (f" + {r.n_gen} tokens after it" if r.n_gen else "")
         print(f"- {r.setup} {switch_label(r.switches)} {what}: {TraceSummary(**r.trace).line()}")

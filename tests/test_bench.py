@@ -156,18 +156,20 @@ def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.Capt
 
 
 def test_warmup_changes_no_result(tiny: Path) -> None:
-    # --warmup: the tokens evaluated before the timed prompt (none, or more than the default 64) change its speed only
+    # --warmup: the tokens evaluated before the timed prompt (none, a few, or by default a whole ubatch) change
+    # its speed only
     setup = bench.setup_named("cpu_moe-none")
     assert setup is not None
     seen = []
-    for warmup in (0, 64):
+    for warmup in (0, 16, None):
         def run(cmd: list[str], env: dict[str, str]) -> str:
             seen.append(json.loads(cmd[-1])["warmup"])
             return bench.run_tool(cmd, env)
 
-        rows = bench.api_measure(tiny, setup, {}, 64, 64, 4, run=run, warmup=warmup)
+        kw = {} if warmup is None else {"warmup": warmup}
+        rows = bench.api_measure(tiny, setup, {}, 64, 64, 4, run=run, **kw)
         seen.append(tuple(r.digest for r in rows))
-    assert seen[0] == 0 and seen[2] == 64 and seen[1] == seen[3]
+    assert seen[0::2] == [0, 16, -1] and seen[1] == seen[3] == seen[5]
 
 
 def test_mismatches_are_found() -> None:
@@ -258,3 +260,37 @@ def test_fit_setups(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
                                         "load_mode": "none", "moe_cache_mib": "auto"}
     assert bench.fit_kwargs(plain)["moe_cache_mib"] == 0
 
+
+
+def test_pristine_rows_run_the_tools_of_another_build(tiny: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # a build folder with llama-bench and llama-batched-bench in bin/ (here links to ours, standing in for an
+    # unpatched build): its rows come after the switch settings, run with no switch set, native only
+    seen: list[tuple[str, dict[str, str]]] = []
+    build = tmp_path / "pristine"
+    (build / "bin").mkdir(parents=True)
+    for name in ("llama-bench", "llama-batched-bench"):
+        (build / "bin" / name).symlink_to(bench.tool_path(name))
+    assert bench.tool_path("llama-bench", build) == build / "bin" / "llama-bench"
+
+    def run(cmd: list[str], env: dict[str, str]) -> str:
+        seen.append((cmd[0], env))
+        return bench.run_tool(cmd, env)
+
+    rows = bench.measure(tiny, bench.SETUPS["cpu_moe-none"], bench.PRISTINE, [32], [32], 4, 1, run=run, tools=build)
+    assert seen == [(str(build / "bin" / "llama-bench"), {})]  # no switch reaches upstream's tools
+    assert [bench.switch_label(r.switches) for r in rows] == ["pristine", "pristine"]
+    assert all(r.tokens_per_s > 0 for r in rows)
+
+    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "32", "--ub", "32", "--tg", "4", "--reps", "1",
+                     "--upstream", "--pristine", str(build)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    body = [ln for ln in text.splitlines() if ln.startswith("|")][2:]
+    assert [[c.strip() for c in b.split("|")[1:4]] for b in body] == [
+        ["cpu_moe-none", "-", "native"], ["cpu_moe-none", "-", "python"], ["cpu_moe-none", "upstream", "native"],
+        ["cpu_moe-none", "upstream", "python"], ["cpu_moe-none", "pristine", "native"]]
+    with pytest.raises(SystemExit):
+        bench.main([str(tiny), "--setups", "cpu_moe-none", "--pristine", str(tmp_path / "absent")])
+    with pytest.raises(SystemExit):
+        bench.main([str(tiny), "--setups", "cpu_moe-none", "--no-native", "--pristine", str(build)])
