@@ -283,6 +283,8 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     stats = parse_cache_stats(out)
     if "placement" in res:
         stats["placement"] = res["placement"]
+    if "prompt_copies" in res:  # those of the timed prompt, not the mean over the run that the log gives
+        stats["prompt copies"] = res["prompt_copies"]
     prefetch = [m.groupdict() for m in PREFETCH_LINE.finditer(out)]
     if prefetch:  # the scheduler's staging, as logged when its graph was reserved (the largest)
         best = max(prefetch, key=lambda d: float(d["mib"]))
@@ -343,12 +345,14 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
             llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
             llm.reset()
         traced = Tracer(spec.get("trace", False))
+        stats_before = llm.moe_cache_stats()
         with traced:  # the profiler's start and stop (seconds) outside the timing
             t0 = time.perf_counter()
             llm.eval(tokens)
             lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
             t_pp = time.perf_counter() - t0
         pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
+        copies = prompt_copies(stats_before, llm.moe_cache_stats())
         first = {}
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
             before = llm.moe_cache_stats()
@@ -382,7 +386,25 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
                "pp_trace": traced.as_dict()}
         if first:
             out["first"] = first
+        if copies:
+            out["prompt_copies"] = copies
         return out
+
+
+def prompt_copies(before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
+                  ) -> dict[str, float] | None:
+    """What the prefetch through the MoE cache copied for the large ubatches between two ``moe_cache_stats()``, per
+    ubatch: batched copy calls, regions, MiB copied from the cache (device to device) and MiB uploaded (PCIe); None
+    without a cache, a large ubatch or a copy through the cache."""
+    if not before or not after:
+        return None
+    b, a = before["prefetch"], after["prefetch"]
+    n = a["ubatches"] - b["ubatches"]
+    if n <= 0 or a["calls"] == b["calls"]:
+        return None
+    return {"ubatches": n, "calls": (a["calls"] - b["calls"]) / n, "regions": (a["regions"] - b["regions"]) / n,
+            "cache": (a["bytes_cache"] - b["bytes_cache"]) / n / 2**20,
+            "host": (a["bytes_host"] - b["bytes_host"]) / n / 2**20}
 
 
 def mismatches(rows: Iterable[Row]) -> list[str]:

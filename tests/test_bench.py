@@ -294,3 +294,16 @@ def test_pristine_rows_run_the_tools_of_another_build(tiny: Path, tmp_path: Path
         bench.main([str(tiny), "--setups", "cpu_moe-none", "--pristine", str(tmp_path / "absent")])
     with pytest.raises(SystemExit):
         bench.main([str(tiny), "--setups", "cpu_moe-none", "--no-native", "--pristine", str(build)])
+
+
+def test_prompt_copies_are_those_of_the_timed_ubatches() -> None:
+    def stats(ubatches: int, calls: int, regions: int, cache_mib: float, host_mib: float) -> dict:
+        return {"prefetch": {"ubatches": ubatches, "calls": calls, "regions": regions,
+                             "bytes_cache": cache_mib * 2**20, "bytes_host": host_mib * 2**20}}
+
+    before, after = stats(3, 300, 9000, 1000.0, 40000.0), stats(5, 582, 17000, 23000.0, 48532.0)
+    assert bench.prompt_copies(before, after) == {"ubatches": 2, "calls": 141.0, "regions": 4000.0,
+                                                  "cache": 11000.0, "host": 4266.0}
+    assert bench.prompt_copies(before, before) is None  # no large ubatch in between
+    assert bench.prompt_copies(before, stats(5, 300, 9000, 1000.0, 40000.0)) is None  # no copy through the cache
+    assert bench.prompt_copies(None, after) is None and bench.prompt_copies(before, None) is None  # no cache
