@@ -226,11 +226,11 @@ def run_tool(cmd: list[str], env: dict[str, str]) -> str:
 def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
             reps: int, run: Runner = run_tool, tools: Path | None = None) -> list[Row]:
     """The native tools on ``setup`` with ``switches`` in their environment; ``tools``: a build folder whose
-    tools run instead of ours (with ``switches`` == PRISTINE: upstream's own, unpatched, with no switch set)."""
+    tools run instead of ours, with no switch set (upstream's own, unpatched: the rows of ``switches`` PRISTINE)."""
     rows: list[Row] = []
     if setup.fit_gib:  # our fit is Python's: no native run
         return rows
-    env = {} if switches == PRISTINE else switches
+    env = switches if tools is None else {}
     if not setup.has_cache:
         cmd = [str(tool_path("llama-bench", tools)), "-m", str(model), *setup.args, *setup.bench_args, "-fa", "1",
                "-r", str(reps), "-o", "jsonl", "-p", ",".join(map(str, pp)), "-ub", ",".join(map(str, ub)),
@@ -325,6 +325,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from pyllama_moe.ffi import lib
     from pyllama_moe.llama import Llama
     from pyllama_moe.params import physical_cores
+    from pyllama_moe.sampler import Sampler, SamplingParams
 
     n_prompt, n_ubatch, tg = spec["n_prompt"], spec["n_ubatch"], spec["tg"]
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
@@ -357,14 +358,16 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
             before = llm.moe_cache_stats()
             gen: list[int] = []
+            greedy = Sampler(llm._vocab.ptr, llm.n_vocab(), SamplingParams(temperature=0))
             traced_first = Tracer(spec.get("trace", False))
             with traced_first:
                 t0 = time.perf_counter()
                 for _ in range(n_first):
-                    gen.append(int(np.argmax(llm._ctx.logits_ith(-1))))
+                    gen.append(greedy.sample(llm._ctx.ptr, -1))
                     llm.eval(gen[-1:])
                 lib.llama_synchronize(llm._ctx.ptr)
                 t_first = time.perf_counter() - t0
+            greedy.close()
             after = llm.moe_cache_stats()
             first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first,
                      "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16], "trace": traced_first.as_dict()}

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -108,15 +110,8 @@ static double h2d_mapped_rate(ggml_tensor * t, const char * path, size_t n_bytes
     if (addr == MAP_FAILED) {
         throw std::runtime_error(std::string("cannot map ") + path + ": " + (n > 0 ? std::strerror(err) : "empty"));
     }
-    double rate = 0.0;
-    try {
-        rate = h2d_rate(t, addr, n, reps);
-    } catch (...) {
-        munmap(addr, n);
-        throw;
-    }
-    munmap(addr, n);
-    return rate;
+    const std::unique_ptr<void, std::function<void(void *)>> mapping(addr, [n](void * p) { munmap(p, n); });
+    return h2d_rate(t, mapping.get(), n, reps);
 #endif
 }
 
