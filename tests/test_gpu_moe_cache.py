@@ -4,6 +4,10 @@ for an architecture without and one with per-expert biases, and its counts reach
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +76,30 @@ def test_admission_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, c
     clock = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
     for res in (admit, clock):
         assert res[0] == host[0] and res[1].tobytes() == host[1].tobytes()
+
+
+# a child process: ggml-cuda reads GGML_CUDA_PDL once per process
+CHILD = """
+import hashlib, sys
+from pyllama_moe.ffi import lib
+from native_helpers import greedy, model
+with model(sys.argv[1], n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+    tokens, logits = greedy(m, sys.argv[2], 24, moe_cache_size=int(sys.argv[3]))
+print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
+def test_programmatic_launch_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
+    # patch 0021: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
+    # for every kernel): each must still see what the kernel before it wrote. A small cache evicts at every step
+    host_tokens, host_logits = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
+    want = f"{host_tokens} {hashlib.sha256(host_logits.tobytes()).hexdigest()}"
+    for pdl in ("1", "0"):
+        env = dict(os.environ, LLAMA_MOE_CACHE_DEVICE="1", GGML_CUDA_PDL=pdl)
+        got = subprocess.run([sys.executable, "-c", CHILD, str(moe), PROMPT, str(cache_bytes)], env=env,
+                             cwd=Path(__file__).parent, capture_output=True, text=True, check=True).stdout
+        assert got.strip().splitlines()[-1] == want, f"GGML_CUDA_PDL={pdl}"
 
 
 def test_stats_reach_python(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
