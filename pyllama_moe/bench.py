@@ -99,14 +99,24 @@ SETUPS: dict[str, Setup] = {
 }
 DENSE_SETUPS = tuple(n for n, s in SETUPS.items() if s.dense)
 CACHE_MIB_SETUP = re.compile(r"cache-(\d+)mib")
+MMAP_SUFFIX = "-mmap"
 
 
 FIT_SETUP = re.compile(r"fit-(\d+)gib(-cache)?")
 
 
 def setup_named(name: str) -> Setup | None:
-    """A setup of SETUPS, ``cache-<N>mib`` (the cache setups with a cache of N MiB), or ``fit-<G>gib`` and
-    ``fit-<G>gib-cache`` (``fit=True`` with G GiB of the first GPU, without the cache and with ``"auto"``)."""
+    """A setup of SETUPS, ``cache-<N>mib`` (the cache setups with a cache of N MiB), ``fit-<G>gib`` and
+    ``fit-<G>gib-cache`` (``fit=True`` with G GiB of the first GPU, without the cache and with ``"auto"``), or a
+    cache setup with ``-mmap`` appended: its experts loaded with mmap (llama.cpp's default load) instead of in
+    pinned memory, where a host lookup uploads its misses from page-cache pages."""
+    if name.endswith(MMAP_SUFFIX):
+        base = setup_named(name[:-len(MMAP_SUFFIX)])
+        if base is None or not base.has_cache:
+            return None
+        return dataclasses.replace(base, name=name, args=tuple("mmap" if a == "none" else a for a in base.args),
+                                   llama_kwargs=tuple((k, "mmap" if k == "load_mode" else v)
+                                                      for k, v in base.llama_kwargs))
     m = CACHE_MIB_SETUP.fullmatch(name)
     if m and int(m.group(1)) > 0:
         return dataclasses.replace(SETUPS["cache-25"], name=name, cache_fraction=0.0, cache_mib_fixed=int(m.group(1)))
@@ -567,7 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--preset", help="make the model with pyllama_moe.synth if the file does not exist")
     ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
                                      "cache-<N>mib (a cache of N MiB), fit-<G>gib and fit-<G>gib-cache (fit=True "
-                                     "with G GiB of the GPU, without the cache and with moe_cache_mib='auto')")
+                                     "with G GiB of the GPU, without the cache and with moe_cache_mib='auto'); a cache "
+                                     "setup with -mmap appended loads the experts with mmap (e.g. cache-25-mmap)")
     ap.add_argument("--dense", type=Path, help="a dense GGUF model for the dense-* setups (with --preset, written there "
                                                "first if absent: the preset's shape as a dense qwen3)")
     ap.add_argument("--upstream", action="store_true",

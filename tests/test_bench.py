@@ -246,6 +246,20 @@ def test_cache_setup_of_a_fixed_size(tiny: Path) -> None:
     assert bench.cache_mib(tiny, bench.SETUPS["gpu"]) == 0
 
 
+def test_cache_setups_with_mmap(tiny: Path) -> None:
+    # <cache setup>-mmap: the same cache, the experts loaded with mmap in the native tools and the Python API
+    for base in ("cache-25", "cache-3mib"):
+        plain, mapped = bench.setup_named(base), bench.setup_named(base + "-mmap")
+        assert plain is not None and mapped is not None and mapped.name == base + "-mmap"
+        assert plain.args[plain.args.index("-lm") + 1] == "none" and mapped.args[mapped.args.index("-lm") + 1] == "mmap"
+        assert dict(plain.llama_kwargs)["load_mode"] == "none" and dict(mapped.llama_kwargs)["load_mode"] == "mmap"
+        assert bench.cache_mib(tiny, mapped) == bench.cache_mib(tiny, plain) > 0
+        assert mapped.batched_args == plain.batched_args
+    # only cache setups have it (cpu_moe-mmap is a setup of its own)
+    assert bench.setup_named("gpu-mmap") is None and bench.setup_named("cpu_moe-none-mmap") is None
+    assert bench.setup_named("cache-x-mmap") is None
+
+
 def test_fit_setups(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
     # fit-<G>gib[-cache]: Python only, a fit target that leaves G GiB of the GPU, without the cache or with "auto"
     from pyllama_moe import backend
