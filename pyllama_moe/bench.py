@@ -110,6 +110,8 @@ def setup_named(name: str) -> Setup | None:
     ``fit-<G>gib-cache`` (``fit=True`` with G GiB of the first GPU, without the cache and with ``"auto"``), or a
     cache setup with ``-mmap`` appended: its experts loaded with mmap (llama.cpp's default load) instead of in
     pinned memory, where a host lookup uploads its misses from page-cache pages."""
+    if name in SETUPS:  # cpu_moe-mmap is a setup of its own
+        return SETUPS[name]
     if name.endswith(MMAP_SUFFIX):
         base = setup_named(name[:-len(MMAP_SUFFIX)])
         if base is None or not base.has_cache:
@@ -123,7 +125,7 @@ def setup_named(name: str) -> Setup | None:
     m = FIT_SETUP.fullmatch(name)
     if m and int(m.group(1)) > 0:
         return Setup(name, (), (), (), fit_gib=int(m.group(1)), cache_auto=bool(m.group(2)))
-    return SETUPS.get(name)
+    return None
 
 # every kill switch of the patch series: all of them at 0 is upstream's behaviour (--upstream)
 KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREFETCH",
@@ -636,7 +638,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [n for n in names if setup_named(n) is None]
     if unknown:
-        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib, fit-<G>gib[-cache]")
+        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib, fit-<G>gib[-cache], "
+                 f"a cache setup + {MMAP_SUFFIX}")
     if args.no_api and args.no_native:
         ap.error("--no-api and --no-native leave nothing to run")
     if not args.dense and any(n in DENSE_SETUPS for n in names):

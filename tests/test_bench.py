@@ -255,7 +255,8 @@ def test_cache_setups_with_mmap(tiny: Path) -> None:
         assert dict(plain.llama_kwargs)["load_mode"] == "none" and dict(mapped.llama_kwargs)["load_mode"] == "mmap"
         assert bench.cache_mib(tiny, mapped) == bench.cache_mib(tiny, plain) > 0
         assert mapped.batched_args == plain.batched_args
-    # only cache setups have it (cpu_moe-mmap is a setup of its own)
+    # only cache setups have it; cpu_moe-mmap is a setup of its own
+    assert bench.setup_named("cpu_moe-mmap") is bench.SETUPS["cpu_moe-mmap"]
     assert bench.setup_named("gpu-mmap") is None and bench.setup_named("cpu_moe-none-mmap") is None
     assert bench.setup_named("cache-x-mmap") is None
 
