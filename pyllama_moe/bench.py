@@ -116,7 +116,9 @@ def setup_named(name: str) -> Setup | None:
         base = setup_named(name[:-len(MMAP_SUFFIX)])
         if base is None or not base.has_cache:
             return None
-        return dataclasses.replace(base, name=name, args=tuple("mmap" if a == "none" else a for a in base.args),
+        args = list(base.args)
+        args[args.index("-lm") + 1] = "mmap"  # the load mode's value, not any other "none"
+        return dataclasses.replace(base, name=name, args=tuple(args),
                                    llama_kwargs=tuple((k, "mmap" if k == "load_mode" else v)
                                                       for k, v in base.llama_kwargs))
     m = CACHE_MIB_SETUP.fullmatch(name)
