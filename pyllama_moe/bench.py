@@ -279,19 +279,21 @@ def cache_mib(model: Path, setup: Setup) -> int:
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
                 run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False,
-                warmup: int = -1) -> list[Row]:
+                warmup: int = -1, batch: int = 0) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
     cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
     tokens (``trace.Tracer``, started before the timing: the speeds include what recording costs while the
     work runs). ``warmup``: the tokens of the prompt evaluated once before it (at most a ubatch, -1: a whole
-    one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing."""
+    one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing.
+    ``batch``: the prompt is evaluated in batches of that many tokens, only the last one with an output, as
+    llama-server does with its ``-b`` (0: one batch)."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
     spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
-            "trace": trace, "warmup": warmup, "kwargs": kwargs}
+            "trace": trace, "warmup": warmup, "batch": batch, "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.bench", "--api-worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
@@ -347,7 +349,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     threads = physical_cores()
     n_first = spec.get("first", 0)
     n_ctx = max(n_prompt + max(tg, n_first), spec.get("warm", 0) + 1) + 16
-    with Llama(spec["model"], n_ctx=n_ctx, n_batch=n_prompt, n_ubatch=n_ubatch, flash_attn=True,
+    n_batch = spec.get("batch") or n_prompt
+    with Llama(spec["model"], n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch), flash_attn=True,
                n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
         rng = np.random.default_rng(0)
         tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
@@ -616,6 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trace", action="store_true",
                     help="Python API: record what the GPU did in the timed prompt and the --first tokens (PyTorch's "
                          "profiler: kernels and copies per stream, copy time under compute) and print a summary")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="Python API: evaluate the prompt in batches of N tokens, only the last one with an output, as "
+                         "llama-server's -b (default: the whole prompt in one batch)")
     ap.add_argument("--api-every-ub", action="store_true",
                     help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
                          "is then compared across the switches at each)")
@@ -700,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     api_ub = [u for u in ub if u <= max(pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
                         rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first,
-                                            trace=args.trace, warmup=args.warmup)
+                                            trace=args.trace, warmup=args.warmup, batch=args.batch)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)

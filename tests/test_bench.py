@@ -172,6 +172,23 @@ def test_warmup_changes_no_result(tiny: Path) -> None:
     assert seen[0::2] == [0, 16, -1] and seen[1] == seen[3] == seen[5]
 
 
+def test_prompt_in_batches(tiny: Path) -> None:
+    # --batch: the prompt in batches of 16 tokens, as llama-server's -b, computes the ubatches of one batch of 64 with
+    # ubatches of 16, so the results are the same
+    setup = bench.setup_named("cpu_moe-none")
+    assert setup is not None
+    seen = []
+
+    def run(cmd: list[str], env: dict[str, str]) -> str:
+        seen.append(json.loads(cmd[-1])["batch"])
+        return bench.run_tool(cmd, env)
+
+    split = bench.api_measure(tiny, setup, {}, 64, 16, 4, run=run, batch=16)
+    whole = bench.api_measure(tiny, setup, {}, 64, 16, 4, run=run)
+    assert seen == [16, 0]
+    assert [r.digest for r in split] == [r.digest for r in whole] and all(r.digest for r in split)
+
+
 def test_mismatches_are_found() -> None:
     def row(sw: dict[str, str], digest: str, n_prompt: int = 64) -> bench.Row:
         return bench.Row("gpu", sw, "python", n_prompt, 64, 0 if n_prompt else 8, 1.0, digest=digest)
