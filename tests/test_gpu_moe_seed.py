@@ -1,10 +1,12 @@
-"""On a GPU: the seed of the MoE cache from the end of a prompt (patches 0019, 0020).
+"""On a GPU: the seed of the MoE cache from the end of a prompt (patches 0019, 0020, 0022).
 
-The last large ubatch of a batch with outputs, or of the first batch of a prompt, copies the experts it used
-most from their staged copies into cache slots. With LLAMA_MOE_CACHE_SEED_CHECK=1 every seeded slot is
-compared with its host expert, byte for byte, over prompts of one, two and five batches, with the scheduler
-prefetch on and off and ubatches above and below its minimum; the logits and the greedy text are the same
-with the seed off (LLAMA_MOE_CACHE_SEED=0), and the first decode steps find the seeded experts."""
+The last large ubatch of each batch copies the experts it used most from their staged copies into cache
+slots: a batch with outputs, or the first batch of a prompt, by its own routing, the other batches by the
+routing kept from the ubatch before them (patch 0022), so their copies stay ahead of the splits. With
+LLAMA_MOE_CACHE_SEED_CHECK=1 every seeded slot is compared with its host expert, byte for byte, over prompts of
+one, two and five batches, with the scheduler prefetch on and off and ubatches above and below its minimum; the
+logits and the greedy text are the same with the seed off (LLAMA_MOE_CACHE_SEED=0), the first decode steps find
+the seeded experts, and another sequence or a position jump drops the kept routing."""
 
 from __future__ import annotations
 
@@ -12,12 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from native_helpers import model
 
+from pyllama_moe.batch import Batch
+from pyllama_moe.errors import ContextError, check_decode, check_ptr
+from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.llama import Llama
 
 pytestmark = pytest.mark.gpu
 N_BATCH = 64
-# one batch, two (the first one seeds as the start of the prompt, the last as the one with outputs), five
+# one batch, two (the first one seeds as the start of the prompt, the last as the one with outputs), five (the
+# three in between seed from the routing kept from the batch before them when their copies are prefetched)
 PROMPTS = (60, 120, 300)
 
 
@@ -57,13 +64,18 @@ def test_seeded_slots_hold_their_experts(monkeypatch: pytest.MonkeyPatch, moe: P
         stats = llm.moe_cache_stats()
     assert stats is not None
     seed = stats["seed"]
-    # 60 tokens: one seed; 120 and 300: the first batch and the last one
-    assert seed["ubatches"] == 5, stats
+    # every batch seeds: 1 + 2 + 5
+    assert seed["ubatches"] == 8, stats
     assert seed["experts"] > 0 and seed["bytes"] > 0 and seed["dropped"] == 0, stats
     assert seed["checked"] > 0 and seed["check_failed"] == 0, stats
     # the prefetched seeding ubatches also copied their cached experts from the cache (patch 0017)
     prefetched = prefetch == "default" and min_batch == "1"
     assert (stats["prefetch"]["ubatches"] > 0) == prefetched, stats
+    # batches 2-4 of the 300 tokens seed from the kept routing when their experts are staged ahead, from their own
+    # otherwise; every batch without outputs keeps its routing (1 of 120, 4 of 300), the batch with outputs after
+    # them drops it unused
+    assert seed["stored"] == (3 if prefetched else 0), stats
+    assert seed["routing_kept"] == 5 and seed["routing_dropped"] == 2, stats
 
 
 @pytest.mark.parametrize("prefetch", ["default", "0"])
@@ -82,8 +94,75 @@ def test_seed_keeps_results_and_warms_decode(monkeypatch: pytest.MonkeyPatch, mo
 
     seeded, seeded_stats = run("1")
     plain, plain_stats = run("0")
-    assert seeded == plain
-    assert plain_stats["seed"]["ubatches"] == 0 and seeded_stats["seed"]["ubatches"] == 2 + 1
+    monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_KEEP", "0")  # no routing kept: every seeding batch reads its own
+    own, own_stats = run("1")
+    assert seeded == plain == own
+    assert plain_stats["seed"]["ubatches"] == 0 and seeded_stats["seed"]["ubatches"] == 5 + 1
+    assert plain_stats["seed"]["routing_kept"] == 0
+    assert seeded_stats["seed"]["stored"] == (3 if prefetch == "default" else 0), seeded_stats
+    assert own_stats["seed"]["ubatches"] == 5 + 1, own_stats
+    assert own_stats["seed"]["stored"] == own_stats["seed"]["routing_kept"] == 0, own_stats
     # decode finds the experts the end of each prompt used in the cache instead of uploading them
     assert seeded_stats["device"]["hits"] > plain_stats["device"]["hits"], (seeded_stats, plain_stats)
     assert seeded_stats["device"]["bytes_uploaded"] < plain_stats["device"]["bytes_uploaded"]
+
+
+def seed_stats(ctx: object) -> dict[str, int]:
+    st = ffi.new("struct llama_moe_cache_stats *")
+    assert lib.llama_moe_cache_get_stats(ctx, st)
+    return {k: int(getattr(st, k)) for k in ("n_seed_ubatch", "n_seed_stored", "n_routing_kept", "n_routing_dropped",
+                                              "n_seed_checked", "n_seed_check_failed", "n_seed_dropped")}
+
+
+
+def switch_sequences(path: Path) -> tuple[dict[str, int], np.ndarray]:
+    """Batches without outputs on two sequences, then a position jump: the seed's counts and the last logits."""
+    rng = np.random.default_rng(5)
+    with model(path, n_gpu_layers=99, cpu_moe=True, load_mode=0) as m:
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = 1024
+        cparams.n_batch = cparams.n_ubatch = N_BATCH
+        cparams.n_seq_max = 2
+        cparams.moe_cache_size = 8 << 20
+        ctx = check_ptr(lib.llama_init_from_model(m, cparams), ContextError, "cannot create the context")
+        batch = Batch(N_BATCH, n_seq_max=2)
+        try:
+            n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(m))
+
+            def decode(seq: int, pos0: int, output: bool = False) -> None:
+                batch.set_seq(seq)
+                batch.set_tokens(rng.integers(1000, min(n_vocab, 50_000), N_BATCH), pos0, False, last_logits=output)
+                check_decode(lib.llama_decode(ctx, batch.value))
+
+            decode(0, 0)              # the start of a prompt: seeds from its own routing, keeps it
+            decode(0, N_BATCH)        # seeds from the routing kept
+            decode(1, 0)              # another sequence (a context switch): dropped
+            decode(0, 2 * N_BATCH)    # back to sequence 0: the routing of sequence 1 is dropped, its own read
+            decode(0, 3 * N_BATCH)    # seeds from the routing kept
+            assert lib.llama_memory_seq_rm(lib.llama_get_memory(ctx), 0, 3 * N_BATCH, -1)
+            decode(0, 3 * N_BATCH, output=True)  # a position jump: dropped, the batch with outputs reads its own
+            logits = np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, -1), n_vocab * 4), np.float32).copy()
+            st = ffi.new("struct llama_moe_cache_stats *")
+            assert lib.llama_moe_cache_get_stats(ctx, st)
+            counts = {k: int(getattr(st, k)) for k in ("n_seed_ubatch", "n_seed_stored", "n_routing_kept",
+                      "n_routing_dropped", "n_seed_checked", "n_seed_check_failed", "n_seed_dropped")}
+        finally:
+            batch.close()
+            lib.llama_free(ctx)
+    return counts, logits
+
+
+def test_kept_routing_follows_its_sequence(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    """A batch that continues the sequence of the ubatch before it seeds from that ubatch's routing; another
+    sequence or a position jump drops it and the batch seeds from its own. The logits are those of the seed off."""
+    monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_CHECK", "1")
+    monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")
+    monkeypatch.setenv("LLAMA_MOE_CACHE_SEED", "1")
+    st, logits = switch_sequences(moe)
+    assert st["n_seed_ubatch"] == 6 and st["n_seed_dropped"] == 0, st
+    assert st["n_seed_stored"] == 2 and st["n_routing_kept"] == 5 and st["n_routing_dropped"] == 3, st
+    assert st["n_seed_checked"] > 0 and st["n_seed_check_failed"] == 0, st
+    monkeypatch.setenv("LLAMA_MOE_CACHE_SEED", "0")
+    plain, plain_logits = switch_sequences(moe)
+    assert plain["n_seed_ubatch"] == 0 and plain["n_routing_kept"] == 0, plain
+    assert np.array_equal(logits, plain_logits)
