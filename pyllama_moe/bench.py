@@ -301,6 +301,8 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
         stats["placement"] = res["placement"]
     if "prompt_copies" in res:  # those of the timed prompt, not the mean over the run that the log gives
         stats["prompt copies"] = res["prompt_copies"]
+    if "prompt_seeds" in res:
+        stats["prompt seeds"] = res["prompt_seeds"]
     prefetch = [m.groupdict() for m in PREFETCH_LINE.finditer(out)]
     if prefetch:  # the scheduler's staging, as logged when its graph was reserved (the largest)
         best = max(prefetch, key=lambda d: float(d["mib"]))
@@ -370,7 +372,9 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
             lib.llama_synchronize(llm._ctx.ptr)  # llama_decode returns before the device is done
             t_pp = time.perf_counter() - t0
         pp_digest = hashlib.sha256(llm._ctx.logits_ith(-1).tobytes()).hexdigest()[:16]
-        copies = prompt_copies(stats_before, llm.moe_cache_stats())
+        stats_after = llm.moe_cache_stats()
+        copies = prompt_copies(stats_before, stats_after)
+        seeds = prompt_seeds(stats_before, stats_after)
         first = {}
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
             before = llm.moe_cache_stats()
@@ -408,6 +412,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
             out["first"] = first
         if copies:
             out["prompt_copies"] = copies
+        if seeds:
+            out["prompt_seeds"] = seeds
         return out
 
 
@@ -425,6 +431,15 @@ def prompt_copies(before: dict[str, dict[str, float]] | None, after: dict[str, d
     return {"ubatches": n, "calls": (a["calls"] - b["calls"]) / n, "regions": (a["regions"] - b["regions"]) / n,
             "cache": (a["bytes_cache"] - b["bytes_cache"]) / n / 2**20,
             "host": (a["bytes_host"] - b["bytes_host"]) / n / 2**20}
+
+
+def prompt_seeds(before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
+                 ) -> dict[str, float] | None:
+    """The seeds of the MoE cache between two ``moe_cache_stats()``: seeding ubatches, those that seeded from the
+    routing kept from the ubatch before them, and the experts admitted; None without a cache or a seed."""
+    if not before or not after or after["seed"]["ubatches"] == before["seed"]["ubatches"]:
+        return None
+    return {k: after["seed"][k] - before["seed"][k] for k in ("ubatches", "stored", "experts")}
 
 
 def mismatches(rows: Iterable[Row]) -> list[str]:
@@ -557,6 +572,9 @@ def table(rows: Iterable[Row]) -> str:
         pc = r.cache.get("prompt copies")
         if pc:
             cell["prompt"] = f"{pc['calls']:.0f} calls, {pc['cache']:.0f} MiB cached, {pc['host']:.0f} MiB up"
+        ps = r.cache.get("prompt seeds")
+        if ps:  # the seeds of the timed prompt
+            cell["prompt"] = cell.get("prompt", "-") + f"; {ps['ubatches']:.0f} seeds ({ps['stored']:.0f} kept routing)"
         ft = r.cache.get("first")
         if ft:
             hits = f"{ft['hit_rate']:.1f}% hits, " if "hit_rate" in ft else ""

@@ -189,6 +189,15 @@ def test_prompt_in_batches(tiny: Path) -> None:
     assert [r.digest for r in split] == [r.digest for r in whole] and all(r.digest for r in split)
 
 
+def test_prompt_seeds_are_the_difference() -> None:
+    def stats(ubatches: int, stored: int, experts: int) -> dict[str, dict[str, float]]:
+        return {"seed": {"ubatches": ubatches, "stored": stored, "experts": experts}}
+
+    assert bench.prompt_seeds(stats(2, 1, 10), stats(5, 3, 70)) == {"ubatches": 3, "stored": 2, "experts": 60}
+    assert bench.prompt_seeds(stats(2, 1, 10), stats(2, 1, 10)) is None  # no seed in between
+    assert bench.prompt_seeds(None, stats(1, 0, 1)) is None  # no cache
+
+
 def test_mismatches_are_found() -> None:
     def row(sw: dict[str, str], digest: str, n_prompt: int = 64) -> bench.Row:
         return bench.Row("gpu", sw, "python", n_prompt, 64, 0 if n_prompt else 8, 1.0, digest=digest)
