@@ -377,7 +377,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         seeds = prompt_seeds(stats_before, stats_after)
         first = {}
         if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
-            before = llm.moe_cache_stats()
+            before = stats_after
             gen: list[int] = []
             greedy = Sampler(llm._vocab.ptr, llm.n_vocab(), SamplingParams(temperature=0))
             traced_first = Tracer(spec.get("trace", False))

@@ -302,7 +302,6 @@ def test_fit_setups(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
     assert bench.fit_kwargs(plain)["moe_cache_mib"] == 0
 
 
-
 def test_pristine_rows_run_the_tools_of_another_build(tiny: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     # a build folder with llama-bench and llama-batched-bench in bin/ (here links to ours, standing in for an
