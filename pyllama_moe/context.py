@@ -175,8 +175,8 @@ class Context:
                            "calls_per_ubatch": st.n_prefetch_calls / n,
                            "mib_host_per_ubatch": st.bytes_prefetch_host / n / 2**20}
         # the seeds from the experts staged for the last large ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off); checked
-        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1; those from the routing kept from the ubatch before (``stored``), the
-        # ubatches that kept theirs and the kept routings dropped unused
+        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1; with LLAMA_MOE_CACHE_SEED_KEEP=1 those from the routing kept from the
+        # ubatch before (``stored``), the ubatches that kept theirs and the kept routings dropped unused
         out["seed"] = {"ubatches": st.n_seed_ubatch, "experts": st.n_seeded, "bytes": st.bytes_seeded,
                        "dropped": st.n_seed_dropped, "checked": st.n_seed_checked, "check_failed": st.n_seed_check_failed,
                        "stored": st.n_seed_stored, "routing_kept": st.n_routing_kept,

@@ -378,9 +378,9 @@ class Llama:
         cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
         ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
         the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
-        a batch without outputs after the first one of a prompt seeds from the routing kept from the ubatch
-        before it: the seeds that did (``stored``), the ubatches that kept their routing (``routing_kept``) and
-        the kept routings dropped unused (``routing_dropped``: outputs, another sequence, a position jump).
+        with ``LLAMA_MOE_CACHE_SEED_KEEP=1`` a batch without outputs after the first one of a prompt seeds from
+        the routing kept from the ubatch before it: the seeds that did (``stored``), the ubatches that kept their
+        routing (``routing_kept``) and the kept routings dropped unused (``routing_dropped``: outputs, another sequence, a position jump).
         """
         return self._ctx.moe_cache_stats()
 
