@@ -380,7 +380,8 @@ class Llama:
         the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
         with ``LLAMA_MOE_CACHE_SEED_KEEP=1`` a batch without outputs after the first one of a prompt seeds from
         the routing kept from the ubatch before it: the seeds that did (``stored``), the ubatches that kept their
-        routing (``routing_kept``) and the kept routings dropped unused (``routing_dropped``: outputs, another sequence, a position jump).
+        routing (``routing_kept``) and the kept routings dropped unused (``routing_dropped``: outputs, another
+        sequence, a position jump).
         """
         return self._ctx.moe_cache_stats()
 
