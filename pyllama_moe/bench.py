@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyllama_moe.trace import Tracer, TraceSummary
+from pyllama_moe.gpu_trace import Tracer, TraceSummary
 
 EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate)(_up)?_(ch|)exps\.weight$")
 CACHE_LINE = re.compile(
@@ -284,7 +284,7 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
     cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
-    tokens (``trace.Tracer``, started before the timing: the speeds include what recording costs while the
+    tokens (``gpu_trace.Tracer``, started before the timing: the speeds include what recording costs while the
     work runs). ``warmup``: the tokens of the prompt evaluated once before it (at most a ubatch, -1: a whole
     one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing.
     ``batch``: the prompt is evaluated in batches of that many tokens, only the last one with an output, as

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from pyllama_moe.types import LlamaState
+from pyllama_moe.llama_types import LlamaState
 
 
 def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -27,7 +27,7 @@ from pyllama_moe.context import Context
 from pyllama_moe.errors import check_decode
 from pyllama_moe.ffi import lib
 from pyllama_moe.sampler import Sampler, SamplingParams
-from pyllama_moe.types import CompletionLogprobs, LogitsProcessorList, StoppingCriteriaList
+from pyllama_moe.llama_types import CompletionLogprobs, LogitsProcessorList, StoppingCriteriaList
 from pyllama_moe.vocab import Vocab
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -2,7 +2,8 @@
 
 Makes (once, cached under the user's cache folder) a small synthetic MoE model, loads it with the
 experts in host memory (and, on a GPU machine, everything else on the GPU plus the MoE cache), runs
-a short greedy generation and prints tokens/s, where the weights sit and the cache statistics.
+a short greedy generation and prints tokens/s, where the weights sit and the cache statistics (on the CPU:
+that there is no cache).
 """
 
 from __future__ import annotations
@@ -83,10 +84,24 @@ def _run(args: argparse.Namespace, collect: _Collect) -> int:
         n_prompt = llm.n_tokens
         out = llm.create_completion(llm.tokenize(args.prompt.encode()), max_tokens=args.tokens, temperature=0)
         t2 = time.perf_counter()
+        stats = llm.moe_cache_stats()
     n_gen = out["usage"]["completion_tokens"]
     print(f"prompt: {args.prompt!r} ({n_prompt} tokens, {n_prompt / (t1 - t0):.1f} tokens/s)")
     print(f"generated ({n_gen} tokens, {n_gen / (t2 - t1):.1f} tokens/s, random weights): "
           f"{out['choices'][0]['text']!r}")
     for line in collect.lines:
         print("  " + line)
+    print(cache_summary(stats))
     return 0
+
+
+def cache_summary(stats: dict[str, dict[str, float]] | None) -> str:
+    """One line on what the MoE cache did; on the CPU there is none: the experts are computed where they are."""
+    if stats is None:
+        return "moe cache: none (CPU only: the experts are computed in host memory, nothing is uploaded)"
+    paths = [k for k in ("small", "large", "device") if k in stats]
+    hits = sum(stats[k]["hits"] for k in paths)
+    misses = sum(stats[k]["misses"] for k in paths)
+    uploaded = sum(stats[k]["bytes_uploaded"] for k in paths) / 2**20
+    rate = 100 * hits / (hits + misses) if hits + misses else 0.0
+    return f"moe cache: {hits:.0f} hits, {misses:.0f} misses ({rate:.1f}% hit), {uploaded:.1f} MiB uploaded"

@@ -25,7 +25,7 @@ from pyllama_moe.model import LoraAdapter, Model
 from pyllama_moe.vocab import LlamaTokenizer
 from pyllama_moe.params import ContextParams, ModelParams, check_int, load_mode, load_mode_name
 from pyllama_moe.sampler import Sampler, SamplingParams
-from pyllama_moe.types import CreateEmbeddingResponse, LlamaState
+from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 
 logger = logging.getLogger("pyllama_moe")
 

@@ -11,7 +11,7 @@ import pytest
 
 from pyllama_moe.errors import ClosedError, LlamaError
 from pyllama_moe.llama import Llama
-from pyllama_moe.types import LogitsProcessorList, StoppingCriteriaList
+from pyllama_moe.llama_types import LogitsProcessorList, StoppingCriteriaList
 
 from llama_models import model_path
 

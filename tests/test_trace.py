@@ -1,4 +1,4 @@
-"""pyllama_moe.trace: the summary of a GPU trace (busy times, copy under compute, bytes) and bench --trace."""
+"""pyllama_moe.gpu_trace: the summary of a GPU trace (busy times, copy under compute, bytes) and bench --trace."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pyllama_moe import bench, trace
+from pyllama_moe import bench, gpu_trace
 
 
 def ev(cat: str, name: str, ts: float, dur: float, stream: int, nbytes: int = 0) -> dict[str, Any]:
@@ -32,14 +32,14 @@ EVENTS = [
 
 
 def test_union_and_intersection() -> None:
-    assert trace.union([(5, 6), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 6)]
-    assert trace.length([(0, 4), (5, 6)]) == 5
-    assert trace.intersection([(0, 4), (5, 6)], [(3, 5.5)]) == 1.5
-    assert trace.intersection([], [(0, 1)]) == 0
+    assert gpu_trace.union([(5, 6), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 6)]
+    assert gpu_trace.length([(0, 4), (5, 6)]) == 5
+    assert gpu_trace.intersection([(0, 4), (5, 6)], [(3, 5.5)]) == 1.5
+    assert gpu_trace.intersection([], [(0, 1)]) == 0
 
 
 def test_summary_of_a_trace() -> None:
-    s = trace.summarize(EVENTS)
+    s = gpu_trace.summarize(EVENTS)
     assert s.wall_ms == pytest.approx(0.330)
     assert s.compute_ms == pytest.approx(0.210)  # [0,110] and [150,250]
     assert s.h2d_ms == pytest.approx(0.150)
@@ -51,20 +51,20 @@ def test_summary_of_a_trace() -> None:
     assert s.top_kernels[0] == ("mul_mat_q<Q4_0>", 2, pytest.approx(0.2))
     line = s.line()
     assert "H2D 0.1 (3 MiB" in line and "73% under compute" in line and "mul_mat_q<Q4_0> x2" in line
-    assert trace.summarize([]) == trace.TraceSummary()
+    assert gpu_trace.summarize([]) == gpu_trace.TraceSummary()
 
 
 def test_a_disabled_tracer_records_nothing() -> None:
     # the bench's runs without --trace go through the same code: no PyTorch needed, nothing recorded
-    with trace.Tracer(False) as t:
+    with gpu_trace.Tracer(False) as t:
         pass
-    assert t.as_dict() == {} and t.summary == trace.TraceSummary()
+    assert t.as_dict() == {} and t.summary == gpu_trace.TraceSummary()
 
 
 def test_a_traced_row_survives_the_json_file() -> None:
-    row = bench.Row("cache-80", {}, "python", 2048, 2048, 0, 6000.0, trace=dataclasses.asdict(trace.summarize(EVENTS)))
+    row = bench.Row("cache-80", {}, "python", 2048, 2048, 0, 6000.0, trace=dataclasses.asdict(gpu_trace.summarize(EVENTS)))
     again = bench.Row(**json.loads(json.dumps(dataclasses.asdict(row))))
-    assert trace.TraceSummary(**again.trace).line() == trace.summarize(EVENTS).line()
+    assert gpu_trace.TraceSummary(**again.trace).line() == gpu_trace.summarize(EVENTS).line()
 
 
 def test_trace_without_pytorch_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
