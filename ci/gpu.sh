@@ -95,12 +95,11 @@ if [ "${1:-}" = models ]; then
 fi
 if [ "${1:-}" = sanitize ]; then
     # the device lookup, the prefetch and the seed under compute-sanitizer: plain CLOCK with the prefetch uploading
-    # every expert, then the admission policy with the prefetch through the cache (the defaults) and the seed from
-    # the kept routing; seeds checked
+    # every expert, then the admission policy with the prefetch through the cache (the defaults); seeds checked
     export GGML_SCHED_PREFETCH_MIN_BATCH=1
     for opt in 0 1; do
         for arch in qwen3moe gpt-oss; do
-            LLAMA_MOE_CACHE_ADMIT=$opt LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_SEED_KEEP=$opt LLAMA_MOE_CACHE_SEED_CHECK=1 \
+            LLAMA_MOE_CACHE_ADMIT=$opt LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_SEED_CHECK=1 \
                 compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
     done

@@ -131,7 +131,7 @@ def setup_named(name: str) -> Setup | None:
 
 # every kill switch of the patch series: all of them at 0 is upstream's behaviour (--upstream)
 KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREFETCH",
-                 "LLAMA_MOE_CACHE_SEED", "LLAMA_SAMPLER_PENALTIES_INDEXED")
+                 "LLAMA_MOE_CACHE_SEED")
 UPSTREAM = "upstream"
 # the switch setting of the rows of --pristine: upstream's own tools, run with no switch set
 PRISTINE = {"(pristine build)": "1"}
@@ -435,11 +435,11 @@ def prompt_copies(before: dict[str, dict[str, float]] | None, after: dict[str, d
 
 def prompt_seeds(before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
                  ) -> dict[str, float] | None:
-    """The seeds of the MoE cache between two ``moe_cache_stats()``: seeding ubatches, those that seeded from the
-    routing kept from the ubatch before them, and the experts admitted; None without a cache or a seed."""
+    """The seeds of the MoE cache between two ``moe_cache_stats()``: seeding ubatches and the experts admitted;
+    None without a cache or a seed."""
     if not before or not after or after["seed"]["ubatches"] == before["seed"]["ubatches"]:
         return None
-    return {k: after["seed"][k] - before["seed"][k] for k in ("ubatches", "stored", "experts")}
+    return {k: after["seed"][k] - before["seed"][k] for k in ("ubatches", "experts")}
 
 
 def mismatches(rows: Iterable[Row]) -> list[str]:
@@ -574,7 +574,7 @@ def table(rows: Iterable[Row]) -> str:
             cell["prompt"] = f"{pc['calls']:.0f} calls, {pc['cache']:.0f} MiB cached, {pc['host']:.0f} MiB up"
         ps = r.cache.get("prompt seeds")
         if ps:  # the seeds of the timed prompt
-            cell["prompt"] = cell.get("prompt", "-") + f"; {ps['ubatches']:.0f} seeds ({ps['stored']:.0f} kept routing)"
+            cell["prompt"] = cell.get("prompt", "-") + f"; {ps['ubatches']:.0f} seeds, {ps['experts']:.0f} experts"
         ft = r.cache.get("first")
         if ft:
             hits = f"{ft['hit_rate']:.1f}% hits, " if "hit_rate" in ft else ""

@@ -168,6 +168,8 @@ class Context:
             out[path] = {"hits": hits, "misses": misses, "bytes_uploaded": getattr(st, f"bytes_{path}"),
                          "hit_rate": hits / (hits + misses) if hits + misses else 0.0}
         out["copied"] = {"experts": st.n_copied, "bytes": st.bytes_copied}
+        # the device lookups' admission counts (LLAMA_MOE_CACHE_ADMIT=0: none), summed: its history, kept across prompts
+        out["admission"] = {"selections": st.n_admit_selections}
         # the prefetch of large ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off), totals and per large ubatch
         n = max(st.n_ubatch_large, 1)
         out["prefetch"] = {"ubatches": st.n_ubatch_large, "calls": st.n_prefetch_calls, "regions": st.n_prefetch_regions,
@@ -175,12 +177,9 @@ class Context:
                            "calls_per_ubatch": st.n_prefetch_calls / n,
                            "mib_host_per_ubatch": st.bytes_prefetch_host / n / 2**20}
         # the seeds from the experts staged for the last large ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off); checked
-        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1; with LLAMA_MOE_CACHE_SEED_KEEP=1 those from the routing kept from the
-        # ubatch before (``stored``), the ubatches that kept theirs and the kept routings dropped unused
+        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1
         out["seed"] = {"ubatches": st.n_seed_ubatch, "experts": st.n_seeded, "bytes": st.bytes_seeded,
-                       "dropped": st.n_seed_dropped, "checked": st.n_seed_checked, "check_failed": st.n_seed_check_failed,
-                       "stored": st.n_seed_stored, "routing_kept": st.n_routing_kept,
-                       "routing_dropped": st.n_routing_dropped}
+                       "dropped": st.n_seed_dropped, "checked": st.n_seed_checked, "check_failed": st.n_seed_check_failed}
         return out
 
     def set_abort_callback(self, fn: Callable[[], bool] | None) -> None:

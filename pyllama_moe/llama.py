@@ -372,16 +372,14 @@ class Llama:
         Experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per MoE layer and
         ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
         and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
-        ubatches read from the cache instead of host memory; ``prefetch``: the prefetch of large
+        ubatches read from the cache instead of host memory; ``admission``: the selections the device lookups'
+        admission policy counts (off with ``LLAMA_MOE_CACHE_ADMIT=0``), summed over the experts, the history it
+        admits by (halved every 4 x slots selections, kept while prompts use the host lookup); ``prefetch``: the prefetch of large
         ubatches through the cache (off with ``LLAMA_MOE_CACHE_PREFETCH=0``): batched copy calls, regions,
         bytes copied from the cache and uploaded, in all and per large ubatch; ``seed``: the seeds of the
         cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
         ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
-        the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
-        with ``LLAMA_MOE_CACHE_SEED_KEEP=1`` a batch without outputs after the first one of a prompt seeds from
-        the routing kept from the ubatch before it: the seeds that did (``stored``), the ubatches that kept their
-        routing (``routing_kept``) and the kept routings dropped unused (``routing_dropped``: outputs, another
-        sequence, a position jump).
+        the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``).
         """
         return self._ctx.moe_cache_stats()
 

@@ -190,12 +190,12 @@ def test_prompt_in_batches(tiny: Path) -> None:
 
 
 def test_prompt_seeds_are_the_difference() -> None:
-    def stats(ubatches: int, stored: int, experts: int) -> dict[str, dict[str, float]]:
-        return {"seed": {"ubatches": ubatches, "stored": stored, "experts": experts}}
+    def stats(ubatches: int, experts: int) -> dict[str, dict[str, float]]:
+        return {"seed": {"ubatches": ubatches, "experts": experts}}
 
-    assert bench.prompt_seeds(stats(2, 1, 10), stats(5, 3, 70)) == {"ubatches": 3, "stored": 2, "experts": 60}
-    assert bench.prompt_seeds(stats(2, 1, 10), stats(2, 1, 10)) is None  # no seed in between
-    assert bench.prompt_seeds(None, stats(1, 0, 1)) is None  # no cache
+    assert bench.prompt_seeds(stats(2, 10), stats(5, 70)) == {"ubatches": 3, "experts": 60}
+    assert bench.prompt_seeds(stats(2, 10), stats(2, 10)) is None  # no seed in between
+    assert bench.prompt_seeds(None, stats(1, 1)) is None  # no cache
 
 
 def test_mismatches_are_found() -> None:

@@ -91,7 +91,7 @@ print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_programmatic_launch_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patch 0021: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
+    # patch 0020: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
     # for every kernel): each must still see what the kernel before it wrote. A small cache evicts at every step
     host_tokens, host_logits = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
     want = f"{host_tokens} {hashlib.sha256(host_logits.tobytes()).hexdigest()}"
@@ -184,3 +184,25 @@ def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, m
     pf = stats["prefetch"]
     assert pf["ubatches"] > 0 and pf["bytes_cache"] > 0 and base_stats["prefetch"]["regions"] == 0
     assert 0 < pf["calls"] <= pf["regions"] and pf["bytes_cache"] + pf["bytes_host"] > 0
+
+
+def test_admission_history_survives_a_prompt(moe: Path) -> None:
+    # the device lookups count each expert's selections to admit by; a prompt between two decodes runs on the host
+    # lookup, and the decode after it goes on from the counts before it (patch 0014), not from zero. The cache holds
+    # every expert of the 4 x 8 and no count is halved (4 x 32 slots = 128 selections, 2 x 4 a token here)
+    with Llama(str(moe), n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=8, n_ctx=512,
+               verbose=False) as llm:
+        def selections() -> int:
+            stats = llm.moe_cache_stats()
+            assert stats is not None
+            return int(stats["admission"]["selections"])
+
+        per_token = 4 * 2  # layers x experts used
+        for _ in range(3):
+            llm.eval([llm.token_bos()])  # decode steps: device lookups
+        before = selections()
+        assert before == 3 * per_token
+        llm.eval(llm.tokenize(LONG.encode(), add_bos=False))  # more than 32 tokens: the host lookup
+        assert selections() == before  # kept on the host while the prompt runs
+        llm.eval([llm.token_bos()])
+        assert selections() == before + per_token

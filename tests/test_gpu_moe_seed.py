@@ -1,12 +1,11 @@
-"""On a GPU: the seed of the MoE cache from the end of a prompt (patches 0019, 0020, 0022).
+"""On a GPU: the seed of the MoE cache from the end of a prompt (patches 0018, 0019, 0021).
 
 The last large ubatch of each batch copies the experts it used most from their staged copies into cache
-slots, by its own routing; with LLAMA_MOE_CACHE_SEED_KEEP=1 (patch 0022) a batch without outputs after the
-first one of a prompt seeds by the routing kept from the ubatch before it, without waiting for its own. With
-LLAMA_MOE_CACHE_SEED_CHECK=1 every seeded slot is compared with its host expert, byte for byte, over prompts of
-one, two and five batches, with the scheduler prefetch on and off and ubatches above and below its minimum; the
-logits and the greedy text are the same with the seed off (LLAMA_MOE_CACHE_SEED=0), the first decode steps find
-the seeded experts, and another sequence or a position jump drops the kept routing."""
+slots, by its own routing. With LLAMA_MOE_CACHE_SEED_CHECK=1 every seeded slot is compared with its host
+expert, byte for byte, over prompts of one, two and five batches, with the scheduler prefetch on and off and
+ubatches above and below its minimum; the logits and the greedy text are the same with the seed off
+(LLAMA_MOE_CACHE_SEED=0), the first decode steps find the seeded experts, and batches of two sequences and a
+position jump seed each from their own routing."""
 
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ from pyllama_moe.llama import Llama
 
 pytestmark = pytest.mark.gpu
 N_BATCH = 64
-# one batch, two (the first one seeds as the start of the prompt, the last as the one with outputs), five (the
-# three in between seed from the routing kept from the batch before them when it is kept and their copies are
-# prefetched)
+# prompts of one batch, two and five: every batch seeds
 PROMPTS = (60, 120, 300)
 
 
@@ -51,14 +48,11 @@ def complete(llm: Llama, n_prompt: int, max_tokens: int = 8) -> tuple[str, list]
     return choice["text"], choice["logprobs"]["top_logprobs"]
 
 
-@pytest.mark.parametrize("keep", ["default", "1"])
 @pytest.mark.parametrize("prefetch", ["default", "0"])
 @pytest.mark.parametrize("min_batch", ["1", "4096"])
 def test_seeded_slots_hold_their_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, prefetch: str,
-                                         min_batch: str, keep: str) -> None:
+                                         min_batch: str) -> None:
     monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_CHECK", "1")
-    if keep != "default":
-        monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_KEEP", keep)
     monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", min_batch)  # the 64-token ubatches are prefetched or not
     if prefetch != "default":
         monkeypatch.setenv("GGML_SCHED_PREFETCH", prefetch)
@@ -75,12 +69,6 @@ def test_seeded_slots_hold_their_experts(monkeypatch: pytest.MonkeyPatch, moe: P
     # the prefetched seeding ubatches also copied their cached experts from the cache (patch 0017)
     prefetched = prefetch == "default" and min_batch == "1"
     assert (stats["prefetch"]["ubatches"] > 0) == prefetched, stats
-    # with LLAMA_MOE_CACHE_SEED_KEEP=1 batches 2-4 of the 300 tokens seed from the kept routing when their experts
-    # are staged ahead, from their own otherwise; every batch without outputs keeps its routing (1 of 120, 4 of
-    # 300), the batch with outputs after them drops it unused. By default no routing is kept.
-    kept = keep == "1"
-    assert seed["stored"] == (3 if prefetched and kept else 0), stats
-    assert (seed["routing_kept"], seed["routing_dropped"]) == ((5, 2) if kept else (0, 0)), stats
 
 
 @pytest.mark.parametrize("prefetch", ["default", "0"])
@@ -97,15 +85,11 @@ def test_seed_keeps_results_and_warms_decode(monkeypatch: pytest.MonkeyPatch, mo
         assert stats is not None
         return out, stats
 
-    seeded, seeded_stats = run("1")  # by default every seeding batch reads its own routing
+    seeded, seeded_stats = run("1")
     plain, plain_stats = run("0")
-    monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_KEEP", "1")  # the batches after the first seed from the routing kept
-    kept, kept_stats = run("1")
-    assert seeded == plain == kept
-    assert plain_stats["seed"]["ubatches"] == 0 and plain_stats["seed"]["routing_kept"] == 0
-    assert seeded_stats["seed"]["ubatches"] == kept_stats["seed"]["ubatches"] == 5 + 1, (seeded_stats, kept_stats)
-    assert seeded_stats["seed"]["stored"] == seeded_stats["seed"]["routing_kept"] == 0, seeded_stats
-    assert kept_stats["seed"]["stored"] == (3 if prefetch == "default" else 0), kept_stats
+    assert seeded == plain
+    assert plain_stats["seed"]["ubatches"] == 0
+    assert seeded_stats["seed"]["ubatches"] == 5 + 1, seeded_stats
     # decode finds the experts the end of each prompt used in the cache instead of uploading them
     assert seeded_stats["device"]["hits"] > plain_stats["device"]["hits"], (seeded_stats, plain_stats)
     assert seeded_stats["device"]["bytes_uploaded"] < plain_stats["device"]["bytes_uploaded"]
@@ -114,8 +98,7 @@ def test_seed_keeps_results_and_warms_decode(monkeypatch: pytest.MonkeyPatch, mo
 def seed_stats(ctx: object) -> dict[str, int]:
     st = ffi.new("struct llama_moe_cache_stats *")
     assert lib.llama_moe_cache_get_stats(ctx, st)
-    return {k: int(getattr(st, k)) for k in ("n_seed_ubatch", "n_seed_stored", "n_routing_kept", "n_routing_dropped",
-                                              "n_seed_checked", "n_seed_check_failed", "n_seed_dropped")}
+    return {k: int(getattr(st, k)) for k in ("n_seed_ubatch", "n_seed_checked", "n_seed_check_failed", "n_seed_dropped")}
 
 
 def switch_sequences(path: Path) -> tuple[dict[str, int], np.ndarray]:
@@ -137,13 +120,13 @@ def switch_sequences(path: Path) -> tuple[dict[str, int], np.ndarray]:
                 batch.set_tokens(rng.integers(1000, min(n_vocab, 50_000), N_BATCH), pos0, False, last_logits=output)
                 check_decode(lib.llama_decode(ctx, batch.value))
 
-            decode(0, 0)              # the start of a prompt: seeds from its own routing, keeps it
-            decode(0, N_BATCH)        # seeds from the routing kept
-            decode(1, 0)              # another sequence (a context switch): dropped
-            decode(0, 2 * N_BATCH)    # back to sequence 0: the routing of sequence 1 is dropped, its own read
-            decode(0, 3 * N_BATCH)    # seeds from the routing kept
+            decode(0, 0)              # the start of a prompt
+            decode(0, N_BATCH)
+            decode(1, 0)              # another sequence (a context switch)
+            decode(0, 2 * N_BATCH)    # back to sequence 0
+            decode(0, 3 * N_BATCH)
             assert lib.llama_memory_seq_rm(lib.llama_get_memory(ctx), 0, 3 * N_BATCH, -1)
-            decode(0, 3 * N_BATCH, output=True)  # a position jump: dropped, the batch with outputs reads its own
+            decode(0, 3 * N_BATCH, output=True)  # a position jump, with outputs
             logits = np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, -1), n_vocab * 4), np.float32).copy()
             counts = seed_stats(ctx)
         finally:
@@ -152,18 +135,16 @@ def switch_sequences(path: Path) -> tuple[dict[str, int], np.ndarray]:
     return counts, logits
 
 
-def test_kept_routing_follows_its_sequence(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    """A batch that continues the sequence of the ubatch before it seeds from that ubatch's routing; another
-    sequence or a position jump drops it and the batch seeds from its own. The logits are those of the seed off."""
+def test_every_batch_of_two_sequences_seeds(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    """Batches of two sequences and a position jump, with and without outputs: each seeds from its own routing,
+    every seeded slot holds its expert, and the logits are those of the seed off."""
     monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_CHECK", "1")
     monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")
     monkeypatch.setenv("LLAMA_MOE_CACHE_SEED", "1")
-    monkeypatch.setenv("LLAMA_MOE_CACHE_SEED_KEEP", "1")
     st, logits = switch_sequences(moe)
     assert st["n_seed_ubatch"] == 6 and st["n_seed_dropped"] == 0, st
-    assert st["n_seed_stored"] == 2 and st["n_routing_kept"] == 5 and st["n_routing_dropped"] == 3, st
     assert st["n_seed_checked"] > 0 and st["n_seed_check_failed"] == 0, st
     monkeypatch.setenv("LLAMA_MOE_CACHE_SEED", "0")
     plain, plain_logits = switch_sequences(moe)
-    assert plain["n_seed_ubatch"] == 0 and plain["n_routing_kept"] == 0, plain
+    assert plain["n_seed_ubatch"] == 0, plain
     assert np.array_equal(logits, plain_logits)
