@@ -50,7 +50,8 @@ def test_moe_cache_lookup_reference() -> None:
 def test_copy_regions_semantics() -> None:
     # ggml_backend_tensor_copy_regions_async on CPU buffers against a byte-by-byte reference (patch 0013)
     out = run("test-copy-regions")
-    assert out.strip().endswith("OK"), out[-2000:]
+    # stdout ends with OK; on a GPU machine the CUDA backend's device lines on stderr come after it
+    assert "OK" in out.splitlines() and "checks failed" not in out, out[-2000:]
 
 
 def test_moe_cache_copy_of_mapped_experts() -> None:
