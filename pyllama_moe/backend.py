@@ -69,19 +69,6 @@ def verbosity(verbose: bool) -> Iterator[None]:
         _local.quiet -= 1
 
 
-def quiet_iter(it: Generator[Any, Any, None], verbose: bool) -> Generator[Any, Any, None]:
-    """``it`` (values sent go through), each step run under ``verbosity(verbose)``: a stream is
-    consumed outside the call that made it."""
-    value = None
-    while True:
-        with verbosity(verbose):
-            try:
-                item = it.send(value) if value is not None else next(it)
-            except StopIteration:
-                return
-        value = yield item
-
-
 class _StderrHandler(logging.Handler):
     """Writes to the current ``sys.stderr`` (looked up at each record, so captures see it)."""
 

@@ -1,7 +1,8 @@
 """The generation loop: the evaluated tokens of a context (``Session``) and ``create_completion``.
 
 A generated token costs four calls into the library, whatever the sampler: ``llama_sampler_sample``
-(the whole chain runs in C and accepts the token), ``llama_vocab_is_eog``,
+(the whole chain runs in C and accepts the token; through the shim, which turns an exception into an
+error), ``llama_vocab_is_eog``,
 ``llama_token_to_piece`` and ``llama_decode``. Logits are copied to Python only when the request
 needs them (``logprobs``, ``logits_processor``, ``stopping_criteria``, ``logits_all``). The text is
 built incrementally: a token adds its piece's bytes, stop strings are searched only where the new
@@ -78,7 +79,7 @@ class Session:
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Decode ``tokens`` after the ones evaluated (in batches of n_batch)."""
-        arr = np.asarray(tokens, dtype=np.intc).reshape(-1)
+        arr = _token_ids(tokens, self.n_vocab)
         self._check_room(len(arr))
         self.ctx.seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(arr), self.n_batch):
@@ -152,6 +153,19 @@ class Session:
         self.n_tokens = n + 1
         if self.logits_all:
             self.scores[n] = self.ctx.logits_ith(-1)
+
+
+def _token_ids(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+    """Token ids as the batch takes them (int32), each checked against the vocabulary: an id past it (or one that
+    wraps around in 32 bits) would make llama.cpp read outside the embedding table."""
+    try:
+        wide = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    except (OverflowError, TypeError, ValueError) as e:
+        raise ValueError(f"tokens must be integer token ids: {e}") from None
+    bad = np.flatnonzero((wide < 0) | (wide >= n_vocab))
+    if len(bad):
+        raise ValueError(f"token {int(wide[bad[0]])} (at {int(bad[0])}) is not in the vocabulary (0..{n_vocab - 1})")
+    return wide.astype(np.intc)
 
 
 class _Text:

@@ -6,9 +6,11 @@ Orchestration only: parameters come from ``params`` / ``moe``, the C handles are
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -21,9 +23,9 @@ from pyllama_moe.completion import Completion, Session, embed, logits_to_logprob
 from pyllama_moe.context import Context
 from pyllama_moe.errors import ClosedError
 from pyllama_moe.ffi import lib
-from pyllama_moe.model import LoraAdapter, Model
+from pyllama_moe.model import LoraAdapter, Model, model_path_str
 from pyllama_moe.vocab import LlamaTokenizer
-from pyllama_moe.params import ContextParams, ModelParams, check_int, load_mode, load_mode_name
+from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int, load_mode, load_mode_name
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 
@@ -38,10 +40,12 @@ def _open(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(self: Llama, *args: Any, **kwargs: Any) -> Any:
-        if self._closed:
-            raise ClosedError(f"Llama.{fn.__name__}: this Llama ({self.model_path}) has been closed")
-        with backend.verbosity(self.verbose):
-            return fn(self, *args, **kwargs)
+        # one call at a time: the context is not thread-safe, a second thread waits for the first
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"Llama.{fn.__name__}: this Llama ({self.model_path}) has been closed")
+            with backend.verbosity(self.verbose):
+                return fn(self, *args, **kwargs)
 
     return cast(F, wrapper)
 
@@ -136,6 +140,7 @@ class Llama:
         Raises ValueError naming a bad parameter (``ModelNotFoundError``, also a ValueError, for a
         missing file), ``ModelLoadError`` / ``ContextError`` with llama.cpp's reason otherwise.
         """
+        self._lock = threading.RLock()  # held by every call and by each step of a stream
         self._closed = True  # until everything is made; close() is safe on a half-made Llama
         self._handles: list[Any] = []
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
@@ -151,7 +156,7 @@ class Llama:
         self._init_numa(numa)
         if rpc_servers:
             backend.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
-        self.model_path = os.fspath(model_path)
+        self.model_path = model_path_str(model_path)
         self.tensor_split, self.kv_overrides = tensor_split, kv_overrides
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
         self.last_n_tokens_size = check_int("last_n_tokens_size", last_n_tokens_size, -1)
@@ -165,6 +170,9 @@ class Llama:
         if devices is not None:
             self.model_params.set_devices(devices)
         cache = moe.cache_size(moe_cache_mib)
+        # checked before they are combined, so that a wrong type is named
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            check_int(name, value, 0 if name == "n_ctx" else 1, 2**32 - 1)
         self.context_params = ContextParams(
             n_ctx=n_ctx, n_batch=min(n_ctx, n_batch) if n_ctx else n_batch,
             n_ubatch=min(n_ctx or n_batch, n_batch, n_ubatch), n_threads=n_threads, n_threads_batch=n_threads_batch,
@@ -202,7 +210,7 @@ class Llama:
     def _model_params(self, a: dict[str, Any]) -> ModelParams:
         # llama-cpp-python turns mmap off under a LoRA adapter (it changes the weights in memory)
         no_mmap = a["lora_path"] is not None and a["load_mode"] is None
-        mode = load_mode(a["load_mode"], a["use_mmap"] and not no_mmap, a["use_mlock"])
+        mode = load_mode(a["load_mode"], check_bool("use_mmap", a["use_mmap"]) and not no_mmap, a["use_mlock"])
         return ModelParams(
             n_gpu_layers=a["n_gpu_layers"], split_mode=a["split_mode"], main_gpu=a["main_gpu"],
             tensor_split=a["tensor_split"], vocab_only=a["vocab_only"], kv_overrides=a["kv_overrides"],
@@ -219,7 +227,7 @@ class Llama:
     def _fit(self, fit: bool, fit_target_mib: int | list[int] | None, cache: int | str) -> None:
         if not isinstance(fit, bool):
             raise ValueError(f"fit must be True or False, got {fit!r}")
-        path = self.model_path.encode()
+        path = os.fsencode(self.model_path)
         if fit:
             # llama-cpp-python's n_gpu_layers=0 default would stop the fit: "unset" is the library's -1
             if self.model_params.ptr.n_gpu_layers == 0:
@@ -282,13 +290,31 @@ class Llama:
 
     # lifetime
     def close(self) -> None:
-        """Free the sampler, batch, context and model (idempotent)."""
-        self._closed = True
-        sampler = getattr(self, "_sampler", None)
-        if sampler is not None:
-            sampler.close()
-        for handle in reversed(getattr(self, "_handles", [])):
-            handle.close()
+        """Free the sampler, batch, context and model (idempotent). From another thread it waits for the call
+        (or the step of a stream) in progress; a stream then raises ClosedError at its next step."""
+        lock = getattr(self, "_lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
+            self._closed = True
+            sampler = getattr(self, "_sampler", None)
+            if sampler is not None:
+                sampler.close()
+            for handle in reversed(getattr(self, "_handles", [])):
+                handle.close()
+
+    def _stream(self, steps: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+        """A stream consumed outside the call that made it: each step holds the lock, finds the Llama open and
+        runs under its verbosity (values sent go through)."""
+        value = None
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ClosedError(f"this Llama ({self.model_path}) was closed during a stream")
+                with backend.verbosity(self.verbose):
+                    try:
+                        item = steps.send(value) if value is not None else next(steps)
+                    except StopIteration:
+                        return
+            value = yield item
 
     def __del__(self) -> None:
         try:
@@ -448,6 +474,9 @@ class Llama:
         """Sample a token from the last evaluated logits (or those of position ``idx``)."""
         if self.n_tokens <= 0:
             raise ValueError("sample: nothing has been evaluated")
+        if idx is not None:
+            # an output the last decode kept: every evaluated position with logits_all, else the last one
+            check_int("idx", idx, 0 if self._logits_all else self.n_tokens - 1, self.n_tokens - 1)
         params = self._sampling(locals())
         sampler = self._sampler or Sampler(self._vocab.ptr, self._n_vocab, params)
         try:
@@ -470,7 +499,7 @@ class Llama:
         params = self._sampling(locals())
         self._session.prepare(tokens, reset)
         steps = self._generate(Sampler(self._vocab.ptr, self._n_vocab, params), logits_processor, stopping_criteria)
-        return backend.quiet_iter(steps, self.verbose)
+        return self._stream(steps)
 
     def _generate(self, sampler: Sampler, logits_processor: Any,
                   stopping_criteria: Any) -> Generator[int, Sequence[int] | None, None]:
@@ -524,7 +553,7 @@ class Llama:
                            echo=echo, seed=seed, model=model, logits_processor=logits_processor,
                            stopping_criteria=stopping_criteria, sampling=sampling)
         job = Completion(self, req)
-        return backend.quiet_iter(job.chunks(), self.verbose) if stream else job.result()
+        return self._stream(job.chunks()) if stream else job.result()
 
     def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:
         return self.create_completion(prompt, *args, **kwargs)

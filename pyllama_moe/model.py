@@ -16,6 +16,13 @@ from pyllama_moe.vocab import Vocab
 GGUF_MAGIC = b"GGUF"
 
 
+def model_path_str(path: Any) -> str:
+    """A model path given as str, bytes or os.PathLike, as a str (bytes that are not UTF-8 survive os.fsencode)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ValueError(f"model_path must be a path (str, bytes or os.PathLike), got {path!r}")
+    return os.fsdecode(path)
+
+
 def _check_file(path: str) -> None:
     """Clear errors before llama.cpp sees the file: missing, a folder, not a GGUF."""
     if not os.path.exists(path):
@@ -61,7 +68,7 @@ class Model:
         """``progress(fraction)`` is called during the load (returning False aborts it); by default a
         progress bar when verbose on a terminal."""
         self._ptr: Any = None
-        self.path = os.fspath(path)
+        self.path = model_path_str(path)
         _check_file(self.path)
         backend.init()
         bar = _progress_bar(verbose) if progress is None else None
@@ -72,7 +79,7 @@ class Model:
         mark = native_mark()
         try:
             with backend.verbosity(verbose):
-                ptr = lib.llama_model_load_from_file(self.path.encode(), params.ptr[0])
+                ptr = lib.llama_model_load_from_file(os.fsencode(self.path), params.ptr[0])
         finally:
             if bar is not None:
                 bar.close()

@@ -80,7 +80,8 @@ def placement_overrides(cpu_moe: bool = False, n_cpu_moe: int = 0,
         cpu = lib.ggml_backend_cpu_buffer_type()
         if cpu_moe:
             out.append((FFN_EXPS_REGEX.encode(), cpu))
-        out += [(block_regex(il).encode(), cpu) for il in range(n_cpu_moe)]
+        # one pattern per layer, as --n-cpu-moe; no model has more layers than llama.cpp's LLAMA_MAX_LAYERS
+        out += [(block_regex(il).encode(), cpu) for il in range(min(n_cpu_moe, LLAMA_MAX_LAYERS))]
     return out
 
 
@@ -100,6 +101,7 @@ def cache_size(moe_cache_mib: int | str) -> int | str:
 
 
 CACHE_NO_MMAP_FRACTION = 0.8  # of the available memory
+LLAMA_MAX_LAYERS = 512  # llama-hparams.h
 
 
 def available_memory(root: str | None = None) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pyllama_moe.errors import LlamaError, check_closed, check_ptr, native_mark
+from pyllama_moe.errors import LlamaError, check_closed, check_ptr, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.params import check_float, check_int
 
@@ -47,6 +47,66 @@ class LlamaGrammar:
     def from_file(cls, file: str | os.PathLike[str], verbose: bool = True) -> LlamaGrammar:
         with open(file, encoding="utf-8") as f:
             return cls(_grammar=f.read())
+
+
+# what llama_sampler_init_grammar is given: its recursive parser overflows the stack on deep nesting (20k
+# parentheses), and a long grammar takes minutes to parse and to apply
+GRAMMAR_MAX_DEPTH = 1000
+GRAMMAR_MAX_BYTES = 1 << 20
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "^": "^"}
+
+
+def _grammar_char(text: str, i: int) -> tuple[str, int]:
+    """The character at text[i] of a GBNF literal or character class, escapes decoded, and the index after it."""
+    c = text[i]
+    if c != "\\" or i + 1 >= len(text):
+        return c, i + 1
+    e = text[i + 1]
+    width = {"x": 2, "u": 4, "U": 8}.get(e)
+    if width is not None:
+        digits = text[i + 2:i + 2 + width]
+        try:
+            return chr(int(digits, 16)), i + 2 + width
+        except ValueError:
+            raise _GrammarError(f"grammar: bad escape \\{e}{digits} at {i}") from None
+    return _ESCAPES.get(e, e), i + 2
+
+
+def check_grammar(text: str) -> None:
+    """ValueError before llama.cpp parses a grammar that would crash it or can match nothing: nested deeper than
+    GRAMMAR_MAX_DEPTH, longer than GRAMMAR_MAX_BYTES, or with an empty character range (``[z-a]``)."""
+    if len(text.encode("utf-8", errors="surrogatepass")) > GRAMMAR_MAX_BYTES:
+        raise _GrammarError(f"grammar: longer than {GRAMMAR_MAX_BYTES} bytes")
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":  # a comment, to the end of the line
+            while i < n and text[i] not in "\r\n":
+                i += 1
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i = _grammar_char(text, i)[1]
+            i += 1
+        elif c == "[":
+            i += 1
+            if i < n and text[i] == "^":
+                i += 1
+            while i < n and text[i] != "]":
+                lo, i = _grammar_char(text, i)
+                if i + 1 < n and text[i] == "-" and text[i + 1] != "]":
+                    hi, i = _grammar_char(text, i + 1)
+                    if ord(lo) > ord(hi):
+                        raise _GrammarError(f"grammar: the character range [{lo}-{hi}] is empty, it matches nothing")
+            i += 1
+        else:
+            if c == "(":
+                depth += 1
+                if depth > GRAMMAR_MAX_DEPTH:
+                    raise _GrammarError(f"grammar: nested more than {GRAMMAR_MAX_DEPTH} levels deep")
+            elif c == ")":
+                depth -= 1
+            i += 1
 
 
 def grammar_text(grammar: Any) -> tuple[str, str] | None:
@@ -106,6 +166,7 @@ class Sampler:
         self._ptr: Any = None
         self.n_vocab = n_vocab
         self._cur: Any = None
+        self._failed = ffi.new("bool *")
         # greedy alone (no bias, penalties or grammar: nothing before it changes the logits and it keeps no state):
         # the first largest logit, read in place; llama_sampler_sample would copy all n_vocab of them into
         # token data first, a third of a millisecond per token with a 150k vocabulary
@@ -137,6 +198,7 @@ class Sampler:
                                                        p.frequency_penalty, p.presence_penalty))
         g = grammar_text(p.grammar)
         if g is not None:
+            check_grammar(g[0])
             mark = native_mark()
             smpl = check_ptr(lib.llama_sampler_init_grammar(vocab, g[0].encode(), g[1].encode()), _GrammarError,
                              "grammar: cannot parse the grammar", since=mark)
@@ -170,10 +232,24 @@ class Sampler:
             token = int(logits.argmax())
             if not math.isnan(logits[token]):  # greedy's comparisons pass over a NaN, argmax stops at it
                 return token
-        return lib.llama_sampler_sample(self._ptr, ctx_ptr, idx)
+        mark = native_mark()
+        token = lib.pyllama_moe_sampler_sample(self._ptr, ctx_ptr, idx, self._failed)
+        self._check(mark)
+        return int(token)
+
+    def _check(self, mark: int) -> None:
+        # the shim turned an exception of the chain into failed: a grammar that accepts no token
+        check_true(not self._failed[0], _GrammarError, "grammar: no token can continue the text", since=mark)
 
     def sample_logits(self, logits: np.ndarray) -> int:
         """Sample from logits given by Python (after logits processors) and accept the token."""
+        scores = np.asarray(logits, dtype=np.float32) if logits is not None else None
+        if scores is None or scores.shape != (self.n_vocab,):
+            shape = None if scores is None else scores.shape
+            raise ValueError(f"logits_processor must return {self.n_vocab} scores (one per token), got {shape}")
+        if np.isnan(scores).any():
+            raise ValueError("logits_processor returned NaN scores")
+        logits = scores
         if self._cur is None:
             self._cur = ffi.new("llama_token_data[]", self.n_vocab)
             self._view = np.frombuffer(ffi.buffer(self._cur), dtype=_TOKEN_DATA)
@@ -187,11 +263,13 @@ class Sampler:
         if not 0 <= arr.selected < arr.size:
             raise _GrammarError("the sampler chain selected no token (the grammar allows none?)")
         token = int(arr.data[arr.selected].id)
-        lib.llama_sampler_accept(self._ptr, token)
+        self.accept(token)
         return token
 
     def accept(self, token: int) -> None:
-        lib.llama_sampler_accept(self.ptr, token)
+        mark = native_mark()
+        lib.pyllama_moe_sampler_accept(self.ptr, token, self._failed)
+        self._check(mark)
 
     def reset(self) -> None:
         lib.llama_sampler_reset(self.ptr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyllama_moe.errors import check_tokenize
+from pyllama_moe.errors import check_tokenize, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,9 +69,14 @@ class Vocab:
         if isinstance(text, str):
             raise TypeError("tokenize takes bytes (llama-cpp-python's API): use text.encode('utf-8')")
         cap = len(text) + 8
+        failed = ffi.new("bool *")
         while True:
             out = ffi.new("llama_token[]", cap)
-            n = check_tokenize(lib.llama_tokenize(self.ptr, text, len(text), out, cap, add_special, parse_special), cap)
+            mark = native_mark()
+            # through the shim: llama_tokenize throws on bytes that are no code point (e.g. above U+10FFFF)
+            n = lib.pyllama_moe_tokenize(self.ptr, text, len(text), out, cap, add_special, parse_special, failed)
+            check_true(not failed[0], ValueError, "cannot tokenize the text (not valid UTF-8?)", since=mark)
+            n = check_tokenize(n, cap)
             if n >= 0:
                 return list(ffi.unpack(out, n))
             cap = -n

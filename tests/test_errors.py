@@ -152,3 +152,32 @@ def test_lora_errors(path: Path, tmp_path: Path) -> None:
         Llama(str(path), n_ctx=64, lora_path=str(tmp_path / "absent.gguf"), verbose=False)
     with pytest.raises(ModelLoadError, match="cannot load the LoRA adapter"):
         Llama(str(path), n_ctx=64, lora_path=str(path), verbose=False)  # a model, not an adapter
+
+
+def test_keyword_types_are_named(path: Path) -> None:
+    # a wrong type is a ValueError naming the keyword, not a TypeError from inside the constructor
+    for kw, match in (({"n_ctx": "64"}, "n_ctx"), ({"n_batch": 1.5}, "n_batch"), ({"use_mmap": "no"}, "use_mmap"),
+                      ({"use_mlock": 1}, "use_mlock"), ({"n_cpu_moe": -1}, "n_cpu_moe")):
+        with pytest.raises(ValueError, match=match):
+            Llama(str(path), verbose=False, **kw)
+    with pytest.raises(ValueError, match="model_path"):
+        Llama(12, verbose=False)  # type: ignore[arg-type]
+
+
+def test_model_path_as_bytes_and_odd_names(path: Path, tmp_path: Path) -> None:
+    # bytes (as os.fsencode gives) and a name that is not UTF-8 load like a str
+    with Llama(bytes(path), n_ctx=64, verbose=False) as llm:  # type: ignore[arg-type]
+        assert llm.n_vocab() > 0
+    odd = os.fsencode(tmp_path) + b"/m\xff.gguf"
+    os.symlink(path, odd)
+    with Llama(odd, n_ctx=64, verbose=False) as llm:  # type: ignore[arg-type]
+        assert llm.tokenize(b"hi")
+
+
+def test_n_cpu_moe_past_the_layers_is_every_layer(path: Path) -> None:
+    # --n-cpu-moe makes one pattern per layer: a huge N took all memory building them
+    from pyllama_moe import moe
+
+    assert len(moe.placement_overrides(n_cpu_moe=10**9)) == moe.LLAMA_MAX_LAYERS
+    with Llama(str(path), n_ctx=64, n_cpu_moe=10**9, verbose=False) as llm:
+        assert llm.tokenize(b"hi")

@@ -90,9 +90,9 @@ def test_library_calls_per_token_are_constant_and_few(llm: Llama, counting: Coun
     assert "llama_get_logits" not in b
     assert per_token_1.get("llama_decode") == 1
     if sampler == "greedy":
-        assert per_token_1.get("llama_get_logits_ith") == 1 and "llama_sampler_sample" not in b
+        assert per_token_1.get("llama_get_logits_ith") == 1 and "pyllama_moe_sampler_sample" not in b
     else:
-        assert per_token_1.get("llama_sampler_sample") == 1 and "llama_get_logits_ith" not in b
+        assert per_token_1.get("pyllama_moe_sampler_sample") == 1 and "llama_get_logits_ith" not in b
 
 
 def test_logprobs_copy_logits_only_when_asked(llm: Llama, counting: CountingLib) -> None:

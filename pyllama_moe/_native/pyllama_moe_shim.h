@@ -50,6 +50,25 @@ int32_t pyllama_moe_h2d_bandwidth(
         double * pageable_bps,
         double * mapped_bps);
 
+/* llama.h calls that throw C++ exceptions on some inputs, which would end the process (std::terminate): here
+ * the exception becomes an error, its message logged through llama's logger. llama_tokenize throws on bytes that
+ * are not a code point (e.g. an encoded U+110000); llama_sampler_sample and llama_sampler_accept on a token that
+ * a grammar cannot accept (a grammar that no token can continue). *failed is set to false, or true on an
+ * exception (the result is then 0). */
+int32_t pyllama_moe_tokenize(
+        const struct llama_vocab * vocab,
+        const char * text,
+        int32_t text_len,
+        llama_token * tokens,
+        int32_t n_tokens_max,
+        bool add_special,
+        bool parse_special,
+        bool * failed);
+
+llama_token pyllama_moe_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, bool * failed);
+
+void pyllama_moe_sampler_accept(struct llama_sampler * smpl, llama_token token, bool * failed);
+
 #ifdef __cplusplus
 }
 #endif

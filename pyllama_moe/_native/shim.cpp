@@ -154,3 +154,43 @@ int32_t pyllama_moe_h2d_bandwidth(size_t dev_index, size_t n_bytes, int32_t reps
         return -1;
     }
 }
+
+int32_t pyllama_moe_tokenize(
+        const llama_vocab * vocab,
+        const char * text,
+        int32_t text_len,
+        llama_token * tokens,
+        int32_t n_tokens_max,
+        bool add_special,
+        bool parse_special,
+        bool * failed) {
+    *failed = false;
+    try {
+        return llama_tokenize(vocab, text, text_len, tokens, n_tokens_max, add_special, parse_special);
+    } catch (const std::exception & e) {
+        log_error(__func__, e.what());
+        *failed = true;
+        return 0;
+    }
+}
+
+llama_token pyllama_moe_sampler_sample(llama_sampler * smpl, llama_context * ctx, int32_t idx, bool * failed) {
+    *failed = false;
+    try {
+        return llama_sampler_sample(smpl, ctx, idx);
+    } catch (const std::exception & e) {
+        log_error(__func__, e.what());
+        *failed = true;
+        return 0;
+    }
+}
+
+void pyllama_moe_sampler_accept(llama_sampler * smpl, llama_token token, bool * failed) {
+    *failed = false;
+    try {
+        llama_sampler_accept(smpl, token);
+    } catch (const std::exception & e) {
+        log_error(__func__, e.what());
+        *failed = true;
+    }
+}
