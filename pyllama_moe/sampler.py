@@ -141,7 +141,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_float("temperature", self.temperature)
-        check_int("top_k", self.top_k)
+        check_int("top_k", self.top_k, -(2**31), 2**31 - 1)
         for name in ("top_p", "min_p", "typical_p", "mirostat_tau", "mirostat_eta"):
             check_float(name, getattr(self, name))
         check_float("repeat_penalty", self.repeat_penalty)
@@ -149,7 +149,7 @@ class SamplingParams:
             raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         check_float("frequency_penalty", self.frequency_penalty)
         check_float("presence_penalty", self.presence_penalty)
-        check_int("last_n_tokens_size", self.penalty_last_n, -1)
+        check_int("last_n_tokens_size", self.penalty_last_n, -1, 2**31 - 1)
         check_int("mirostat_mode", self.mirostat_mode, 0, 2)
         check_int("seed", self.seed, -(2**63), 2**64 - 1)
         if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):

@@ -179,3 +179,75 @@ def test_a_model_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
     bad.write_bytes(b"not a gguf at all")
     with pytest.raises(Exception, match="bad.gguf"):
         create_app(ServerSettings(), [ModelSettings(model=str(bad), **SMALL)])
+
+
+def _post(server: Running, path: str, body: Any = None, content: bytes | None = None, method: str = "POST") -> Any:
+    return httpx.request(method, server.url + path, json=body if content is None else None, content=content,
+                         headers={"content-type": "application/json"}, timeout=60)
+
+
+def _is_openai_error(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str), err
+    return err
+
+
+def test_hostile_requests_get_openai_errors_and_the_server_lives(server: Running) -> None:
+    # each used to kill the server, hang a stream after its 200 headers, or answer in plain text or {"detail": ...}
+    chat = "/v1/chat/completions"
+    cases = [
+        (chat, {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "grammar": "root ::= [z-a]"}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                "grammar": "root ::= " + "(" * 20000 + '"a"' + ")" * 20000}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": "user"}]}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": None, "content": "x"}]}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "top_k": 2**40}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": [-1], "max_tokens": 2}, 400),
+        ("/v1/embeddings", {"model": "tiny", "input": "x"}, 400),
+    ]
+    for path, body, status in cases:
+        _is_openai_error(_post(server, path, body), status)
+        # streamed, the failure comes before the first chunk: the same error, not a 200 that never ends
+        if path != "/v1/embeddings":
+            _is_openai_error(_post(server, path, {**body, "stream": True}), status)
+    _is_openai_error(_post(server, chat, content=b"{not json"), 400)
+    _is_openai_error(_post(server, "/v1/nothing", {}), 404)
+    _is_openai_error(_post(server, chat, method="GET"), 405)
+    assert httpx.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_a_stream_failing_after_its_first_chunk_ends_with_an_error_and_done(tiny: Path) -> None:
+    # a failure while the stream runs (here: the model is closed under it) is an error event, then [DONE]
+    models = [ModelSettings(model=str(tiny), model_alias="tiny", **SMALL)]
+    r = Running(create_app(ServerSettings(interrupt_requests=False), models))
+    try:
+        llama = r.app.state.pool.models["tiny"].llama
+        with httpx.stream("POST", r.url + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": "a", "max_tokens": 200, "temperature": 0, "stream": True}) as resp:
+            assert resp.status_code == 200
+            lines = []
+            for line in resp.iter_lines():
+                if line:
+                    lines.append(line)
+                if len(lines) == 2:
+                    threading.Thread(target=llama.close).start()
+        assert lines[-1] == "data: [DONE]"
+        assert '"error"' in lines[-2] and "closed" in lines[-2], lines[-3:]
+    finally:
+        r.stop()
+
+
+def test_request_limits(tiny: Path) -> None:
+    models = [ModelSettings(model=str(tiny), model_alias="tiny", **SMALL)]
+    r = Running(create_app(ServerSettings(interrupt_requests=False, max_request_bytes=4096, max_messages=3), models))
+    try:
+        big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 5000}]}
+        _is_openai_error(_post(r, "/v1/chat/completions", big), 413)
+        many = {"model": "tiny", "messages": [{"role": "user", "content": "x"}] * 4, "max_tokens": 1}
+        _is_openai_error(_post(r, "/v1/chat/completions", many), 400)
+        ok = {"model": "tiny", "messages": [{"role": "user", "content": "x"}] * 3, "max_tokens": 1}
+        assert _post(r, "/v1/chat/completions", ok).status_code == 200
+    finally:
+        r.stop()

@@ -142,4 +142,25 @@ def create_chat_completion(llama: Any, messages: list[dict[str, Any]], **kwargs:
     ``kwargs`` are llama-cpp-python's ``create_chat_completion`` keywords; the handler receives all
     of them, those left out with :func:`chat_completion_defaults`.
     """
+    check_messages(messages)
     return resolve_chat_handler(llama)(llama=llama, messages=messages, **{**chat_completion_defaults(), **kwargs})
+
+
+def check_messages(messages: Any) -> None:
+    """ValueError for messages no chat format can render: not a list of dicts with a string ``role`` and a
+    ``content`` that is a string, a list of parts or None (an assistant's tool calls)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"messages must be a non-empty list of messages, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        if not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}].role must be a string, got {m.get('role')!r}")
+        if "content" not in m and not (m["role"] == "assistant" and ("tool_calls" in m or "function_call" in m)):
+            raise ValueError(f"messages[{i}] has no content")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ValueError(f"messages[{i}].content must be a string, a list of parts or null, "
+                             f"got {type(content).__name__}")
+        if isinstance(content, list) and not all(isinstance(part, (dict, str)) for part in content):
+            raise ValueError(f"messages[{i}].content: each part must be a dict (or a string)")

@@ -100,7 +100,13 @@ class Jinja2ChatFormatter:
             "tool_choice": None,
         }
         context.update(variables)
-        return self._template.render(**context)
+        try:
+            return self._template.render(**context)
+        except jinja2.exceptions.SecurityError:
+            raise  # the template tried what the sandbox forbids: its own fault, kept as it is
+        except jinja2.TemplateError as e:
+            # the messages do not fit the template (a missing field, a role it refuses): the request's fault
+            raise ValueError(f"the chat template cannot render these messages: {e}") from e
 
     def __call__(self, *, messages: list[dict[str, Any]], functions: Any = None, function_call: Any = None,
                  tools: Any = None, tool_choice: Any = None, **kwargs: Any) -> ChatFormatterResponse:

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pyllama_moe.server.model import ModelPool, ServedModel
 from pyllama_moe.server.settings import ModelSettings, ServerSettings
@@ -85,6 +86,17 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
 
 
+def _error_of(e: BaseException) -> JSONResponse:
+    """The OpenAI-shaped error for an exception of a request: a bad value is the client's (400), the rest ours."""
+    if isinstance(e, PermissionError):
+        return _error(401, str(e), "authentication_error")
+    if isinstance(e, LookupError):
+        return _error(404, str(e).strip("'\""), "model_not_found")
+    if isinstance(e, ValueError):
+        return _error(400, str(e))
+    return _error(500, f"{type(e).__name__}: {e}", "server_error")
+
+
 def _bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     if bias is None:
         return None
@@ -132,17 +144,23 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
     app = FastAPI(title="pyllama-moe", lifespan=lifespan, dependencies=[Depends(authorize)])
     app.state.pool = pool
 
-    @app.exception_handler(PermissionError)
-    async def _unauthorized(_: Request, e: PermissionError) -> JSONResponse:
-        return _error(401, str(e), "authentication_error")
+    @app.exception_handler(Exception)
+    async def _failed(_: Request, e: Exception) -> JSONResponse:
+        return _error_of(e)
 
-    @app.exception_handler(LookupError)
-    async def _not_found(_: Request, e: LookupError) -> JSONResponse:
-        return _error(404, str(e).strip("'\""), "model_not_found")
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        # unknown endpoints and methods, undecodable bodies: the same shape as every other error
+        kind = {401: "authentication_error", 404: "not_found_error"}.get(e.status_code, "invalid_request_error")
+        return _error(e.status_code, str(e.detail), kind)
 
-    @app.exception_handler(ValueError)
-    async def _bad_value(_: Request, e: ValueError) -> JSONResponse:
-        return _error(400, str(e))
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > server.max_request_bytes):
+            return _error(413, f"the request body is larger than {server.max_request_bytes} bytes "
+                               "(max_request_bytes)")
+        return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -154,8 +172,10 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
             model.stop.set()
         return await anyio.to_thread.run_sync(model.run, fn)
 
-    def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]]) -> StreamingResponse:
-        """Server-sent events from a generator run alone on the model; a gone client stops it."""
+    async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]]) -> Any:
+        """Server-sent events from a generator run alone on the model; a gone client stops it. A request that
+        fails before its first chunk (a bad value) gets an error response, not a stream; a failure after it ends
+        the stream with an error event and [DONE]."""
         if server.interrupt_requests:
             model.stop.set()
         loop = asyncio.get_running_loop()
@@ -163,8 +183,9 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
         gone = threading.Event()
 
         def produce(llama: Any) -> None:
-            it = make(llama)
+            it: Any = None
             try:
+                it = make(llama)
                 for chunk in it:
                     loop.call_soon_threadsafe(queue.put_nowait, chunk)
                     model.stats.completion_tokens += 1
@@ -175,22 +196,30 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
             finally:
                 close = getattr(it, "close", None)
                 if close is not None:
-                    close()
+                    try:
+                        close()
+                    except Exception:  # noqa: BLE001 - the stream is over either way
+                        pass
                 model.stats.requests += 1
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
         worker = loop.run_in_executor(None, model.run, produce)
+        first = await queue.get()
+        if isinstance(first, Exception):
+            await queue.get()  # _DONE
+            await worker
+            return _error_of(first)
 
         async def events() -> AsyncIterator[str]:
+            item = first
             try:
-                while True:
-                    item = await queue.get()
-                    if item is _DONE:
-                        break
+                while item is not _DONE:
                     if isinstance(item, Exception):
-                        yield f"data: {json.dumps({'error': {'message': str(item), 'type': 'server_error'}})}\n\n"
+                        error = _error_of(item).body
+                        yield f"data: {bytes(error).decode()}\n\n"
                         break
                     yield f"data: {json.dumps(item)}\n\n"
+                    item = await queue.get()
                 yield "data: [DONE]\n\n"
             finally:
                 gone.set()
@@ -200,7 +229,7 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
 
     async def generate(model: ServedModel, make: Callable[[Any], Any], streaming: bool) -> Any:
         if streaming:
-            return stream(model, make)
+            return await stream(model, make)
         result = await call(model, make)
         model.count(result.get("usage"))
         return result
@@ -212,12 +241,16 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
+        if len(body.messages) > server.max_messages:
+            raise ValueError(f"more than {server.max_messages} messages (max_messages)")
         args = _chat_args(body)
         return await generate(pool.get(body.model), lambda llama: llama.create_chat_completion(**args), body.stream)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> Any:
         model = pool.get(body.model)
+        if not model.settings.embedding:
+            raise ValueError(f"model {model.settings.alias!r} was not started with embedding=True: it has no embeddings")
         return await call(model, lambda llama: llama.create_embedding(body.input, model=model.settings.alias))
 
     @app.get("/v1/models")

@@ -73,6 +73,9 @@ class ServerSettings(BaseSettings):
     interrupt_requests: bool = Field(default=True, description="a new request stops a running stream")
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
+    # limits no real client reaches: a request past them is refused before it holds a model
+    max_request_bytes: int = Field(default=32 << 20, ge=1, description="largest request body (HTTP 413 beyond)")
+    max_messages: int = Field(default=10_000, ge=1, description="most chat messages in one request")
 
 
 class ConfigFile(ServerSettings):
