@@ -61,5 +61,10 @@ export GGML_SCHED_DEBUG_REALLOC=1
 cd tests
 rc=0
 "$VPY" -m pytest -ra -p no:cacheprovider . "$@" || rc=$?
-step "done (pytest exit $rc)"
+cd ..
+
+step "fuzz: mutated GGUF files and API inputs, each batch in a child process; any signal or hang fails"
+"$VPY" -m pyllama_moe synth "$tmp/fuzz.gguf" --preset tiny --skew 1 -q
+"$VPY" ci/fuzz.py "$tmp/fuzz.gguf" --seconds "${PYLLAMA_MOE_FUZZ_SECONDS:-120}" --seed 1 || rc=$?
+step "done (exit $rc)"
 exit $rc

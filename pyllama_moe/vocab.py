@@ -75,10 +75,15 @@ class Vocab:
             mark = native_mark()
             # through the shim: llama_tokenize throws on bytes that are no code point (e.g. above U+10FFFF)
             n = lib.pyllama_moe_tokenize(self.ptr, text, len(text), out, cap, add_special, parse_special, failed)
-            check_true(not failed[0], ValueError, "cannot tokenize the text (not valid UTF-8?)", since=mark)
+            check_true(not failed[0], ValueError, "cannot tokenize the text", since=mark)
             n = check_tokenize(n, cap)
             if n >= 0:
-                return list(ffi.unpack(out, n))
+                ids = list(ffi.unpack(out, n))
+                # a tokenizer model that does not fit the file's vocabulary (e.g. rwkv over a BPE vocabulary) gives -1
+                if ids and (min(ids) < 0 or max(ids) >= self.n_tokens):
+                    raise ValueError("the tokenizer gave token ids outside the vocabulary: the file's "
+                                     "tokenizer.ggml.model does not fit its tokens")
+                return ids
             cap = -n
 
     def piece(self, token: int, special: bool = False) -> bytes:
