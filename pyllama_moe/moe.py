@@ -125,8 +125,11 @@ def cache_load_mode(path: str, mparams: ModelParams, cache_bytes: int) -> bool:
     """With the MoE cache on and the load mode left at ``auto``, load without mmap when the model's
     files take at most 80% of the available memory: the device reads the cached experts from pinned
     host memory, and mmap'ed pages usually cannot be pinned. Larger models keep mmap (and the host
-    lookups). Returns True if the load mode was changed."""
+    lookups). ``LLAMA_MOE_CACHE_DEVICE=0`` (the host looks up the cache, as upstream does) keeps
+    llama.cpp's own choice too. Returns True if the load mode was changed."""
     if cache_bytes <= 0 or mparams.ptr.load_mode != lib.LLAMA_LOAD_MODE_AUTO:
+        return False
+    if os.environ.get("LLAMA_MOE_CACHE_DEVICE", "").strip() == "0":
         return False
     avail = available_memory()
     size = model_files_size(path)

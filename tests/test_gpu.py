@@ -68,3 +68,75 @@ def test_copy_bandwidth_to_the_gpu(tmp_path: Path) -> None:
     (tmp_path / "empty.bin").write_bytes(b"")
     with pytest.raises(LlamaError, match="cannot map .*empty.bin: empty"):
         backend.h2d_bandwidth(gpu, 1 << 20, mapped=tmp_path / "empty.bin")
+
+
+FIT_CHILD = """
+import json, sys
+from pyllama_moe import backend
+from pyllama_moe.llama import Llama
+gpu = next(d for d in backend.devices() if d.type == "gpu")
+budget = int(sys.argv[2]) << 20
+free0 = gpu.memory_free
+with Llama(sys.argv[1], fit=True, fit_target_mib=max(0, free0 - budget) >> 20, n_gpu_layers=-1, load_mode="none",
+           moe_cache_mib="auto", n_ctx=1024, n_batch=512, n_ubatch=512, verbose=True) as llm:
+    used = free0 - next(d for d in backend.devices() if d.type == "gpu").memory_free
+    llm.eval(llm.tokenize(b" the" * 400))  # a large ubatch: the prefetch runs
+    stats = llm.moe_cache_stats()
+    used_after = free0 - next(d for d in backend.devices() if d.type == "gpu").memory_free
+print("RESULT", json.dumps({"cache": llm.context_params.ptr.moe_cache_size if False else stats is not None,
+                            "used": used, "used_after": used_after, "budget": budget}))
+"""
+
+
+def test_fit_with_cache_keeps_the_prefetch(tmp_path: Path) -> None:
+    # #26 item 3: the fit (no-alloc measure, ggml_backend_sched_reserve_size) counts the prefetch staging, so a fit
+    # with moe_cache_mib="auto" into a tight budget keeps the prefetch (no "not enough memory for the prefetch
+    # staging" drop) and the device memory taken stays within the budget the fit was given
+    import json
+    import subprocess
+    import sys
+
+    from pyllama_moe import synth
+
+    path = synth.write_model(tmp_path / "m.gguf", "tiny", skew=1.0, seed=3, n_layer=8, n_embd=1024, n_head=8,
+                             n_head_kv=4, head_dim=128, n_expert=32, n_expert_used=4, n_ff_exp=1024)
+    res = subprocess.run([sys.executable, "-c", FIT_CHILD, str(path), "640"], capture_output=True, text=True,
+                         timeout=300)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-4000:]
+    out = json.loads(log.split("RESULT", 1)[1].splitlines()[0])
+    assert out["cache"], "the fit put every expert on the GPU: the budget is too large for the test's point"
+    assert "host weight prefetch" in log, log[-4000:]
+    assert "not enough memory for the prefetch staging" not in log and "failed to allocate" not in log, log[-4000:]
+    # the fit's margin (1 GiB by default) is not asked for here: the budget itself bounds what the context takes
+    assert out["used_after"] <= out["budget"], out
+
+
+def test_two_contexts_copy_experts_each(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
+    # #26 item 5: where the device cannot map memory-mapped experts (forced with LLAMA_MOE_CACHE_MATERIALIZE=2), each
+    # context's cache copies them into memory of its own; the model's tensors are never repointed, so contexts created
+    # and run from four threads at once on one model give the logits of one context alone, byte for byte
+    import threading
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_MATERIALIZE", "2")
+    with model(tiny, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_MMAP) as m:
+        alone_tokens, alone_logits = greedy(m, LONG_PROMPT, 24, moe_cache_size=8 << 20)
+        results: list[tuple[list[int], np.ndarray]] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                results.append(greedy(m, LONG_PROMPT, 24, moe_cache_size=8 << 20))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len(results) == 4
+        for tokens, logits in results:
+            assert tokens == alone_tokens
+            np.testing.assert_array_equal(logits, alone_logits)

@@ -1,4 +1,4 @@
-"""On a GPU: the MoE cache looked up on the device (GGML_OP_MOE_CACHE_LOOKUP, patch 0010) gives the
+"""On a GPU: the MoE cache looked up on the device (GGML_OP_MOE_CACHE_LOOKUP, patch 0009) gives the
 same logits, byte for byte, and the same greedy tokens as the host lookup (LLAMA_MOE_CACHE_DEVICE=0),
 for an architecture without and one with per-expert biases, and its counts reach Python."""
 
@@ -67,7 +67,7 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_admission_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patch 0014, on by default: misses used less often than the expert they would evict go through scratch
+    # patch 0012, on by default: misses used less often than the expert they would evict go through scratch
     # slots (a cache too small for them, as 32 KiB for gpt-oss, caches every miss); LLAMA_MOE_CACHE_ADMIT=0
     # caches every miss. The experts read are the same, so are the results
     host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
@@ -91,7 +91,7 @@ print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_programmatic_launch_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patch 0020: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
+    # patch 0017: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
     # for every kernel): each must still see what the kernel before it wrote. A small cache evicts at every step
     host_tokens, host_logits = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
     want = f"{host_tokens} {hashlib.sha256(host_logits.tobytes()).hexdigest()}"
@@ -142,7 +142,7 @@ def test_warmup_selecting_every_expert_does_not_abort(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("materialize", ["0", "1", "2"])
 def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, materialize: str) -> None:
-    # patch 0015: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
+    # patch 0013: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
     # mapping (always with LLAMA_MOE_CACHE_MATERIALIZE=2), copied once into anonymous memory and mapped there;
     # =0 keeps host lookups for what cannot be mapped. Any way, the tokens are those of the host lookups
     def generate(device: str) -> tuple[str, dict]:
@@ -162,7 +162,7 @@ def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, mater
 
 
 def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    # patch 0017 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in the
+    # patch 0015 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in the
     # cache device to device and uploads only the others, before the routing is known: the same logits and tokens
     monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")  # the test's prompts are small
 
@@ -188,7 +188,7 @@ def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, m
 
 def test_admission_history_survives_a_prompt(moe: Path) -> None:
     # the device lookups count each expert's selections to admit by; a prompt between two decodes runs on the host
-    # lookup, and the decode after it goes on from the counts before it (patch 0014), not from zero. The cache holds
+    # lookup, and the decode after it goes on from the counts before it (patch 0012), not from zero. The cache holds
     # every expert of the 4 x 8 and no count is halved (4 x 32 slots = 128 selections, 2 x 4 a token here)
     with Llama(str(moe), n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=8, n_ctx=512,
                verbose=False) as llm:

@@ -234,6 +234,9 @@ def test_cache_loads_without_mmap_when_the_model_fits(monkeypatch: pytest.Monkey
     monkeypatch.setattr(moe, "available_memory", lambda: size)  # the model would take 100%: keeps mmap
     assert not moe.cache_load_mode(str(path), mp, 1 << 20) and mp.ptr.load_mode == lib.LLAMA_LOAD_MODE_AUTO
     monkeypatch.setattr(moe, "available_memory", lambda: 2 * size)
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "0")  # the device lookup's switch restores llama.cpp's choice
+    assert not moe.cache_load_mode(str(path), mp, 1 << 20) and mp.ptr.load_mode == lib.LLAMA_LOAD_MODE_AUTO
+    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE")
     assert moe.cache_load_mode(str(path), mp, 1 << 20) and mp.ptr.load_mode == lib.LLAMA_LOAD_MODE_NONE
     chosen = ModelParams(load_mode=lib.LLAMA_LOAD_MODE_MMAP)  # a mode the user chose is kept
     assert not moe.cache_load_mode(str(path), chosen, 1 << 20) and chosen.ptr.load_mode == lib.LLAMA_LOAD_MODE_MMAP

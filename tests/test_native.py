@@ -48,15 +48,15 @@ def test_moe_cache_lookup_reference() -> None:
 
 
 def test_copy_regions_semantics() -> None:
-    # ggml_backend_tensor_copy_regions_async on CPU buffers against a byte-by-byte reference (patch 0013)
+    # ggml_backend_tensor_copy_regions_async on CPU buffers against a byte-by-byte reference (patch 0011)
     out = run("test-copy-regions")
     # stdout ends with OK; on a GPU machine the CUDA backend's device lines on stderr come after it
     assert "OK" in out.splitlines() and "checks failed" not in out, out[-2000:]
 
 
 def test_moe_cache_copy_of_mapped_experts() -> None:
-    # llama_model::copy_host_tensors: the data moves to one anonymous buffer the model owns and counts, the tensors
-    # point there, views and unallocated tensors are refused; and the fit rule (a margin of max(2 GiB, 1/16))
+    # llama_moe_cache_copy_host: the data is copied into one anonymous buffer the cache owns, aligned, the model's
+    # tensors stay where they are; and the fit rule (a margin of max(2 GiB, 1/16))
     out = run("test-moe-cache-copy")
     assert out.strip().endswith("OK"), out[-2000:]
 
@@ -70,7 +70,7 @@ def test_moe_cache_lru() -> None:
 
 @pytest.mark.gpu
 def test_copy_regions_on_the_gpu() -> None:
-    # patch 0013 on the GPU: random region sets from device and pinned host memory into device memory, byte for byte,
+    # patch 0011 on the GPU: random region sets from device and pinned host memory into device memory, byte for byte,
     # on a fresh instance (the prefetch copy queue) and on one that computed
     # a graph (the copy kernel); CUDA >= 12.8 batches every set
     out = run("test-copy-regions")

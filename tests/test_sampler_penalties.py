@@ -1,4 +1,4 @@
-"""Patch 0007: the penalties sampler finds the penalized tokens by id when the candidates are in token
+"""Patch 0006: the penalties sampler finds the penalized tokens by id when the candidates are in token
 order, and scans them otherwise (shuffled, or a subset after a top-k). Both give the same logits, byte for byte."""
 
 from __future__ import annotations

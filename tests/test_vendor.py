@@ -207,6 +207,6 @@ def test_the_version_names_the_pin_and_the_series() -> None:
     pin = vendor.Pin.load(vendor.DEFAULT_PIN)
     n = len(vendor.series(vendor.DEFAULT_PATCHES))
     assert version.split("+")[1] == f"{pin.build}.p{n}", "bump pyproject.toml's version with the pin or the series"
-    # a CUDA wheel adds its variant (ci/wheel.sh): +b11549.p21.cu13
+    # a CUDA wheel adds its variant (ci/wheel.sh): +b11549.p18.cu13
     assert pyllama_moe.__version__ == version or pyllama_moe.__version__.startswith(version + ".cu"), \
         f"the installed pyllama-moe is {pyllama_moe.__version__}, the source {version}: install it again"
