@@ -40,6 +40,10 @@ CACHE_LINE = re.compile(
     r"hit rate = (?P<rate>[\d.]+)%, uploaded = (?P<mib>[\d.]+) MiB")
 PROMPT_COPY_LINE = re.compile(r"llama_moe_cache: prefetch of large batches: (?P<calls>[\d.]+) copy calls, (?P<regions>[\d.]+) regions, "
                               r"(?P<cache>[\d.]+) MiB from the cache, (?P<host>[\d.]+) MiB uploaded per ubatch")
+# what the load and the context decided, logged by upstream's code (-lv 4): the buffers and the MoE cache's slots
+BUFFER_LINE = re.compile(r"^\w+: +(?P<buf>\S+) +(?P<what>model|KV|compute|output) buffer size = +(?P<mib>[\d.]+) MiB", re.M)
+CACHE_SIZE_LINE = re.compile(r"^\w+: +(?P<buf>\S+) MoE cache size = +(?P<mib>[\d.]+) MiB", re.M)
+SLOTS_LINE = re.compile(r"^\w+: +(?P<layers>\d+) layers, (?P<type>\w+): +(?P<slots>\d+) slots", re.M)
 PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging (?P<mib>[\d.]+) MiB, "
                            r"(?P<n>\d+) of (?P<of>\d+) splits")
 
@@ -188,7 +192,46 @@ def parse_cache_stats(text: str) -> dict[str, dict[str, float]]:
                                   "hit_rate": float(m.group("rate")), "uploaded_mib": float(m.group("mib"))}
     for m in PROMPT_COPY_LINE.finditer(text):  # the prefetch of large ubatches through the cache, per ubatch
         stats["prompt copies"] = {k: float(v) for k, v in m.groupdict().items()}
+    decisions = parse_decisions(text)
+    if decisions:
+        stats["decisions"] = decisions
     return stats
+
+
+def parse_decisions(text: str) -> dict[str, float]:
+    """The buffer sizes (MiB) and the MoE cache's slots that a run logged, by name (the last of each kind: a
+    context reserves its compute buffers more than once)."""
+    out: dict[str, float] = {}
+    for m in BUFFER_LINE.finditer(text):
+        out[f"{m.group('buf')} {m.group('what')} MiB"] = float(m.group("mib"))
+    for m in CACHE_SIZE_LINE.finditer(text):
+        out[f"{m.group('buf')} MoE cache MiB"] = float(m.group("mib"))
+    for m in SLOTS_LINE.finditer(text):
+        out[f"slots of {m.group('layers')} {m.group('type')} layers"] = float(m.group("slots"))
+    return out
+
+
+def upstream_differences(rows: Iterable[Row]) -> list[str]:
+    """Where the rows of every kill switch at 0 (--upstream) differ from upstream's own tools (--pristine) in what
+    was decided: buffer sizes, cache slots, and the cache's hits, misses and MiB uploaded. Both must be equal."""
+    by: dict[tuple[str, str, str], dict[str, dict[str, dict[str, float]]]] = {}
+    for r in rows:
+        sw = switch_label(r.switches)
+        if r.tool != "python" and sw in ("upstream", "pristine") and r.cache:
+            by.setdefault((r.setup, column(r), r.tool), {})[sw] = r.cache
+    out = []
+    for (setup, col, _), got in by.items():
+        if len(got) < 2:
+            continue
+        ours, theirs = got["upstream"], got["pristine"]
+        for kind, values in theirs.items():
+            if kind in ("decisions", *(k for k in theirs if k.startswith("ubatch"))):
+                keys = ["hits", "misses", "uploaded_mib"] if kind.startswith("ubatch") else sorted(values)
+                for k in keys:
+                    a, b = ours.get(kind, {}).get(k), values.get(k)
+                    if a != b:
+                        out.append(f"DIFFERS {setup} {col} {kind} {k}: upstream {a} vs pristine {b}")
+    return out
 
 
 def expert_bytes(model: Path) -> int:
@@ -735,7 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
     for name, pl in placed.items():  # where the fit put the weights
         print(f"\n{name}: " + ", ".join(f"{k}={v}" for k, v in pl.items()))
-    bad = mismatches(rows)
+    bad = mismatches(rows) + upstream_differences(rows)
     traced = [r for r in rows if r.trace]
     if traced:
         print("\nGPU activity of the timed part (--trace; these runs' speeds include what recording costs):")

@@ -210,6 +210,58 @@ def test_mismatches_are_found() -> None:
     assert bench.mismatches([bench.Row("gpu", {}, "llama-bench", 64, 64, 0, 1.0)]) == []
 
 
+LOG = """load_tensors:        CUDA0 model buffer size =   512.25 MiB
+load_tensors:   CPU_Mapped model buffer size =  1024.00 MiB
+llama_moe_cache:      CUDA0 MoE cache size =  3888.00 MiB for 15552.00 MiB of host experts
+llama_moe_cache: 48 layers, q4_0:  1536 slots (25.0%)
+llama_kv_cache:      CUDA0 KV buffer size =    48.00 MiB
+sched_reserve:      CUDA0 compute buffer size =   300.00 MiB
+sched_reserve:      CUDA0 compute buffer size =   301.50 MiB
+llama_moe_cache: ubatch <= 8: hits = 90, misses = 10, hit rate = 90.00%, uploaded = 12.50 MiB
+"""
+
+
+def test_decisions_of_upstream_and_pristine_are_compared() -> None:
+    # --upstream --pristine: the rows with every kill switch at 0 must decide what upstream's own tools decide
+    d = bench.parse_decisions(LOG)
+    assert d == {"CUDA0 model MiB": 512.25, "CPU_Mapped model MiB": 1024.0, "CUDA0 MoE cache MiB": 3888.0,
+                 "slots of 48 q4_0 layers": 1536.0, "CUDA0 KV MiB": 48.0, "CUDA0 compute MiB": 301.5}
+    theirs = bench.parse_cache_stats(LOG)
+    assert theirs["decisions"] == d and theirs["ubatch <= 8"]["hits"] == 90
+
+    def row(sw: dict[str, str], text: str) -> bench.Row:
+        return bench.Row("cache-25", sw, "llama-batched-bench", 0, 512, 32, 1.0, cache=bench.parse_cache_stats(text))
+
+    up = bench.upstream_switches()
+    # our build also logs its own lines (a device lookup count): only what upstream logs is compared
+    ours = LOG + "llama_moe_cache: device lookups: hits = 0, misses = 0, hit rate = 0.00%, uploaded = 0.00 MiB\n"
+    assert bench.upstream_differences([row(up, ours), row(bench.PRISTINE, LOG), row({}, "")]) == []
+    bigger = LOG.replace("301.50", "333.00").replace("hits = 90, misses = 10", "hits = 80, misses = 20")
+    assert bench.upstream_differences([row(up, bigger), row(bench.PRISTINE, LOG)]) == [
+        "DIFFERS cache-25 tg32 ubatch <= 8 hits: upstream 80 vs pristine 90",
+        "DIFFERS cache-25 tg32 ubatch <= 8 misses: upstream 20 vs pristine 10",
+        "DIFFERS cache-25 tg32 decisions CUDA0 compute MiB: upstream 333.0 vs pristine 301.5"]
+    fewer = LOG.replace("1536 slots", "1535 slots")
+    assert bench.upstream_differences([row(up, fewer), row(bench.PRISTINE, LOG)]) == [
+        "DIFFERS cache-25 tg32 decisions slots of 48 q4_0 layers: upstream 1535.0 vs pristine 1536.0"]
+
+
+@pytest.mark.gpu
+def test_upstream_matches_a_pristine_build_on_the_gpu(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # #26: with every kill switch at 0 our build decides as upstream's own build (ci/gpu.sh pristine makes one): the
+    # same buffer sizes, cache slots, hits, misses and MiB uploaded, for caches that evict and caches that do not
+    import os
+
+    build = Path(os.environ.get("PYLLAMA_MOE_PRISTINE_BUILD", "/tmp/pristine")) / "build"
+    if not (build / "bin" / "llama-batched-bench").exists():
+        pytest.skip(f"no pristine build in {build} (ci/gpu.sh pristine)")
+    rc = bench.main([str(tiny), "--setups", "cache-25,cache-80", "--pp", "64", "--ub", "64", "--tg", "16",
+                     "--reps", "1", "--upstream", "--pristine", str(build), "--no-api"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "DIFFERS" not in text, text
+    assert text.count("pristine") >= 2, text
+
+
 def test_unknown_setup_is_an_error(tiny: Path) -> None:
     with pytest.raises(SystemExit):
         bench.main([str(tiny), "--setups", "nope"])
