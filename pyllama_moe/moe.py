@@ -107,7 +107,7 @@ LLAMA_MAX_LAYERS = 512  # llama-hparams.h
 def available_memory(root: str | None = None) -> int | None:
     """Bytes a new allocation can get: the system's available memory within the process's cgroup
     limits (``llama_available_memory``), None if unknown. ``root`` prefixes /proc and /sys (tests)."""
-    n = int(lib.llama_available_memory(root.encode() if root is not None else ffi.NULL))
+    n = int(lib.llama_available_memory() if root is None else lib.pyllama_moe_available_memory_at(root.encode()))
     return n if n >= 0 else None
 
 

@@ -50,6 +50,10 @@ int32_t pyllama_moe_h2d_bandwidth(
         double * pageable_bps,
         double * mapped_bps);
 
+/* llama_available_memory with /proc and /sys read under root (tests feed fake trees there): llama's internal
+ * llama_sys_available_memory, which the public function calls with no root. -1 if unknown. */
+int64_t pyllama_moe_available_memory_at(const char * root);
+
 /* llama.h calls that throw C++ exceptions on some inputs, which would end the process (std::terminate): here
  * the exception becomes an error, its message logged through llama's logger. llama_tokenize throws on bytes that
  * are not a code point (e.g. an encoded U+110000); llama_sampler_sample and llama_sampler_accept on a token that

@@ -3,6 +3,7 @@
 #include "pyllama_moe_shim.h"
 
 #include "fit.h"
+#include "llama-sys-memory.h"
 
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
@@ -192,5 +193,14 @@ void pyllama_moe_sampler_accept(llama_sampler * smpl, llama_token token, bool * 
     } catch (const std::exception & e) {
         log_error(__func__, e.what());
         *failed = true;
+    }
+}
+
+int64_t pyllama_moe_available_memory_at(const char * root) {
+    try {
+        return llama_sys_available_memory(root != nullptr ? root : "");
+    } catch (const std::exception & e) {
+        log_error(__func__, e.what());
+        return -1;
     }
 }
