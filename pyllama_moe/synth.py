@@ -1035,6 +1035,11 @@ def _parser() -> argparse.ArgumentParser:
             continue
         kind = float if f.type in ("float", float) else int
         shape.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, metavar="N" if kind is int else "X")
+    real = ap.add_argument_group("a MoE made from a real dense model (MoEfication, pyllama_moe.moefy)")
+    real.add_argument("--from-dense", type=Path, metavar="DENSE.gguf",
+                      help="split this dense llama or qwen3 model's FFNs into experts (the other options are ignored)")
+    real.add_argument("--experts", type=int, default=64, help="experts per layer (default 64)")
+    real.add_argument("--used", type=int, default=8, help="experts each token uses (default 8)")
     ap.add_argument("--plan", action="store_true", help="print the tensors and sizes, write nothing")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return ap
@@ -1045,17 +1050,23 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     overrides = {name: getattr(args, name) for name in SHAPE_FIELDS if getattr(args, name) is not None}
     try:
-        if args.plan:
+        if args.from_dense is not None:
+            from pyllama_moe import moefy
+
+            path = moefy.moefy(args.from_dense, args.output, args.experts, args.used, seed=args.seed,
+                               progress=not args.quiet and sys.stderr.isatty())
+        elif args.plan:
             p = plan(args.preset, arch=args.arch, expert_type=args.expert_type, dense_type=args.dense_type,
                      skew=args.skew, vocab_path=args.vocab, scale_signs=args.scale_signs, **overrides)
             _print_plan(p)
             return 0
-        path = write_model(
-            args.output, args.preset, arch=args.arch, vocab_path=args.vocab, expert_type=args.expert_type,
-            skew=args.skew, seed=args.seed, dense_type=args.dense_type, threads=args.threads,
-            scale_signs=args.scale_signs,
-            progress=not args.quiet and sys.stderr.isatty(), **overrides,
-        )
+        else:
+            path = write_model(
+                args.output, args.preset, arch=args.arch, vocab_path=args.vocab, expert_type=args.expert_type,
+                skew=args.skew, seed=args.seed, dense_type=args.dense_type, threads=args.threads,
+                scale_signs=args.scale_signs,
+                progress=not args.quiet and sys.stderr.isatty(), **overrides,
+            )
     except (ValueError, FileNotFoundError) as e:
         print(f"synth: error: {e}", file=sys.stderr)
         return 2

@@ -113,3 +113,16 @@ def test_kv_overrides_reach_the_same_checks() -> None:
 
     with pytest.raises(ModelLoadError, match="expert_used_count is 99"):
         Llama(str(model_path("qwen3moe")), n_ctx=64, verbose=False, kv_overrides={"qwen3moe.expert_used_count": 99})
+
+
+def test_a_model_that_routes_every_expert_runs(tmp_path: Path) -> None:
+    # 64 of 64 experts in 30 layers: build_moe_ffn's views and sums of the selected experts took more graph nodes
+    # than llama.cpp reserved, and the first graph aborted (GGML_ASSERT(obj_new)); patch 0018 counts them
+    from pyllama_moe import synth
+
+    path = synth.write_model(tmp_path / "all.gguf", "tiny", seed=2, n_layer=30, n_expert=64, n_expert_used=64)
+    code = ("import sys\nfrom pyllama_moe import Llama\n"
+            "with Llama(sys.argv[1], n_ctx=64, verbose=False) as llm:\n"
+            "    print('TOKENS', llm('hi', max_tokens=3, temperature=0)['usage']['completion_tokens'])")
+    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "TOKENS 3" in res.stdout, f"exit {res.returncode}: {res.stderr[-2000:]}"
