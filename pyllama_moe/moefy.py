@@ -75,7 +75,7 @@ def split_neurons(features: npt.NDArray[np.float32], n_expert: int, seed: int = 
 
 
 def _silu(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    return x / (1.0 + np.exp(-x))
+    return (x / (1.0 + np.exp(-x))).astype(np.float32)
 
 
 def split_layer(g: npt.NDArray[np.float32], u: npt.NDArray[np.float32], d: npt.NDArray[np.float32],

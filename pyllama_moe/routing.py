@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 from collections import OrderedDict
@@ -62,7 +63,7 @@ def stdlib_text(n_chars: int = 60_000, source_share: float = 0.3, modules: Seque
             mod = importlib.import_module(name)
         except ImportError:
             continue
-        text = pydoc.render_doc(mod, renderer=pydoc.plaintext)
+        text = pydoc.render_doc(mod, renderer=pydoc.plaintext)  # type: ignore[attr-defined]  # not in typeshed
         # paths and addresses differ between machines
         text = "\n".join(ln for ln in text.splitlines() if not re.match(r"\s*(FILE|MODULE REFERENCE)\b", ln))
         docs.append(re.sub(r"0x[0-9a-f]+", "0x0", text)[:4000])
@@ -99,7 +100,7 @@ def _tensor_array(lib: Any, ffi: Any, t: Any) -> npt.NDArray[Any]:
                       strides=(int(t.nb[1]), int(t.nb[0]))).copy()
 
 
-def capture(model: str | Path, tokens: Sequence[int], names: str, n_batch: int = 512, n_gpu_layers: int = 0,
+def capture(model: str | os.PathLike[str], tokens: Sequence[int], names: str, n_batch: int = 512, n_gpu_layers: int = 0,
             threads: int | None = None) -> tuple[dict[str, npt.NDArray[Any]], int]:
     """Evaluate ``tokens`` (in batches of ``n_batch``, every token an output) and keep the values of the graph's
     tensors whose names (``ffn_norm-3``) match the regular expression ``names``, the rows of all batches together.
@@ -155,7 +156,7 @@ def capture(model: str | Path, tokens: Sequence[int], names: str, n_batch: int =
     return {name: np.concatenate(parts) for name, parts in got.items()}, n_expert_used
 
 
-def record(model: str | Path, tokens: Sequence[int], n_batch: int = 512, n_gpu_layers: int = 0,
+def record(model: str | os.PathLike[str], tokens: Sequence[int], n_batch: int = 512, n_gpu_layers: int = 0,
            router_inputs: bool = True, threads: int | None = None) -> Recording:
     """Evaluate ``tokens`` and record what every MoE layer selected (and its router's input)."""
     names = r"ffn_moe_argsort-\d+" + (r"|ffn_norm-\d+" if router_inputs else "")
@@ -289,6 +290,45 @@ def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = 
             "overall": overall, "layers": per_layer}
 
 
+def cache_hit_rates(model: str | Path, tokens: Sequence[int], fractions: Sequence[float] = CACHE_FRACTIONS
+                    ) -> dict[str, dict[str, float]]:
+    """The MoE cache's own hit rates (GPU) on ``tokens`` decoded one at a time, experts in pinned host memory and a
+    cache of each fraction of them: the device lookup (with its admission) and the host LRU
+    (``LLAMA_MOE_CACHE_DEVICE=0``). Counted after the first 32 tokens (the cache fills). Empty without a GPU."""
+    from pyllama_moe import backend, bench
+    from pyllama_moe.llama import Llama
+
+    if not backend.gpu_available():
+        return {}
+    mib = bench.expert_bytes(Path(model)) >> 20
+    out: dict[str, dict[str, float]] = {}
+    for f in fractions:
+        row = {}
+        for path, device in (("device", "1"), ("host", "0")):
+            old = os.environ.get("LLAMA_MOE_CACHE_DEVICE")
+            os.environ["LLAMA_MOE_CACHE_DEVICE"] = device  # read when the context makes its cache
+            try:
+                with Llama(str(model), n_ctx=len(tokens) + 8, n_gpu_layers=-1, cpu_moe=True, load_mode="none",
+                           moe_cache_mib=max(1, int(f * mib)), verbose=False) as llm:
+                    kind = "device" if device == "1" else "small"
+                    for i, t in enumerate(tokens):
+                        if i == 32:
+                            before = llm.moe_cache_stats()
+                        llm.eval([t])
+                    after = llm.moe_cache_stats()
+            finally:
+                if old is None:
+                    os.environ.pop("LLAMA_MOE_CACHE_DEVICE", None)
+                else:
+                    os.environ["LLAMA_MOE_CACHE_DEVICE"] = old
+            assert before is not None and after is not None
+            hits = after[kind]["hits"] - before[kind]["hits"]
+            misses = after[kind]["misses"] - before[kind]["misses"]
+            row[path] = hits / (hits + misses) if hits + misses else 0.0
+        out[f"{int(f * 100)}%"] = row
+    return out
+
+
 def format_report(rep: dict[str, Any]) -> str:
     o = rep["overall"]
     lines = [f"routing of {rep['n_tokens']} tokens, {rep['n_layers']} MoE layers, {rep['n_expert_used']} of "
@@ -306,6 +346,9 @@ def format_report(rep: dict[str, Any]) -> str:
     lines.append(row("all (mean)", o))
     lines += ["", "LRU cache of all layers' experts, hit rate: " +
               ", ".join(f"{k} of the experts {v:.1%}" for k, v in o["lru"].items())]
+    if rep.get("cache"):
+        lines.append("the MoE cache itself (GPU, after 32 tokens), hit rate device lookup / host LRU: " +
+                     ", ".join(f"{k} {v['device']:.1%} / {v['host']:.1%}" for k, v in rep["cache"].items()))
     return "\n".join(lines)
 
 
@@ -316,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=4096, help="tokens of the text to evaluate (default 4096)")
     ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU (default 0: the CPU)")
     ap.add_argument("--json", type=Path, help="write the report as JSON too")
+    ap.add_argument("--cache", action="store_true",
+                    help="also decode the tokens through the MoE cache of each size (GPU): its own hit rates")
     args = ap.parse_args(argv)
 
     from pyllama_moe.llama import Llama
@@ -325,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens = tok.tokenize(text.encode(), add_bos=True)[: args.tokens]
     rec = record(args.model, tokens, n_gpu_layers=args.ngl)
     rep = report(rec, router_weights(args.model))
+    if args.cache:
+        rep["cache"] = cache_hit_rates(args.model, tokens)
     print(format_report(rep))
     if args.json:
         args.json.write_text(json.dumps(rep, indent=1))

@@ -160,3 +160,28 @@ def test_real_weights_route(tmp_path: Path) -> None:
     # a router learned from the dense model's activations: better than chance at predicting the next layer (4/16)
     assert o["recall_k"] > 0.25 and o["recall_2k"] > o["recall_k"]
     assert o["lru"]["80%"] > o["lru"]["25%"]
+
+
+def test_cache_hit_rates_need_a_gpu(tmp_path: Path) -> None:
+    from pyllama_moe import backend, synth
+
+    if backend.gpu_available():
+        pytest.skip("this machine has a GPU: test_cache_hit_rates_on_the_gpu runs instead")
+    moe = synth.write_model(tmp_path / "moe.gguf", "tiny", seed=1)
+    assert routing.cache_hit_rates(moe, [1, 2, 3]) == {}
+
+
+@pytest.mark.gpu
+def test_cache_hit_rates_on_the_gpu(tmp_path: Path) -> None:
+    # the MoE cache's own counts, device lookup and host LRU, on the tokens of a text decoded one at a time
+    from pyllama_moe import synth
+    from pyllama_moe.llama import Llama
+
+    moe = synth.write_model(tmp_path / "moe.gguf", "tiny", seed=1, skew=0.5, n_layer=4, n_expert=32, n_expert_used=4)
+    with Llama(str(moe), vocab_only=True, verbose=False) as tok:
+        tokens = tok.tokenize(routing.stdlib_text(n_chars=2000).encode())[:160]
+    rates = routing.cache_hit_rates(moe, tokens, (0.25, 0.8))
+    assert set(rates) == {"25%", "80%"}
+    for path in ("device", "host"):
+        assert 0.0 <= rates["25%"][path] <= rates["80%"][path] <= 1.0, rates
+    assert rates["80%"]["device"] > 0.5, rates
