@@ -598,6 +598,15 @@ class Llama:
 
     @_open
     def load_state(self, state: LlamaState) -> None:
+        if not isinstance(state, LlamaState):
+            raise TypeError(f"load_state takes a LlamaState (from save_state), got {type(state).__name__}")
+        # llama_state_set_data reads nothing from an empty buffer and reports success: the context would go on
+        # with what it held while input_ids said otherwise
+        if state.llama_state_size <= 0 or len(state.llama_state) < state.llama_state_size:
+            raise ValueError("load_state: the state is empty or shorter than its llama_state_size")
+        if not 0 <= state.n_tokens <= min(self._n_ctx, len(state.input_ids)):
+            raise ValueError(f"load_state: n_tokens {state.n_tokens} is outside the context (0..{self._n_ctx}) "
+                             "or its input_ids")
         self._ctx.state_set(state.llama_state[:state.llama_state_size])
         n = state.n_tokens
         self._session.input_ids[:] = 0

@@ -57,6 +57,19 @@ CASES = {
                              "logits_processor=[lambda ids, s: None]), 'logits_processor')",
     "logits_processor_nan": "expect(ValueError, lambda: llm('hi', max_tokens=3, "
                             "logits_processor=[lambda ids, s: np.full_like(s, np.nan)]), 'NaN')",
+    # an empty state read nothing and was accepted; a state that is not one is a TypeError naming it
+    "load_state_empty": textwrap.dedent("""
+        import copy
+        st = llm.save_state()
+        empty = copy.copy(st)
+        empty.llama_state, empty.llama_state_size = b"", 0
+        expect(ValueError, lambda: llm.load_state(empty), 'empty')
+        cut = copy.copy(st)
+        cut.n_tokens = 10**6
+        expect(ValueError, lambda: llm.load_state(cut), 'n_tokens')
+        expect(TypeError, lambda: llm.load_state(None), 'LlamaState')
+        llm.load_state(st)
+    """),
     # calls from several threads are serialized: each gets its own whole result
     "four_threads": textwrap.dedent("""
         out = []
