@@ -33,6 +33,28 @@ def _check_file(path: str) -> None:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    _check_tensor_data(path)
+
+
+def _check_tensor_data(path: str) -> None:
+    """The tensors' data ends where the file does (but for the alignment's padding). A tensor count one too low
+    leaves the last tensor's bytes unexplained, and ggml reads every tensor a few bytes off: garbage, no error.
+    Files ggml cannot read at all are left to llama.cpp, which says why."""
+    from pyllama_moe import moe
+
+    try:
+        with moe.gguf_header(os.fsencode(path)) as ctx:
+            n = lib.gguf_get_n_tensors(ctx)
+            end = max((lib.gguf_get_tensor_offset(ctx, i) + lib.gguf_get_tensor_size(ctx, i) for i in range(n)),
+                      default=0)
+            end += lib.gguf_get_data_offset(ctx)
+            align = lib.gguf_get_alignment(ctx)
+    except ValueError:
+        return
+    extra = os.path.getsize(path) - end
+    if n and extra >= align:
+        raise ModelLoadError(f"{path}: {extra} bytes follow the data of its {n} tensors: the file is corrupt (a "
+                             "wrong tensor count?)")
 
 
 class _ProgressBar:

@@ -126,3 +126,22 @@ def test_a_model_that_routes_every_expert_runs(tmp_path: Path) -> None:
             "    print('TOKENS', llm('hi', max_tokens=3, temperature=0)['usage']['completion_tokens'])")
     res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "TOKENS 3" in res.stdout, f"exit {res.returncode}: {res.stderr[-2000:]}"
+
+
+def test_a_tensor_count_one_too_low_is_refused(tmp_path: Path) -> None:
+    # the header's tensor count one too low: ggml read every tensor a few bytes off and the model ran, on garbage
+    import struct
+
+    from pyllama_moe.errors import ModelLoadError
+    from pyllama_moe.llama import Llama
+
+    path = tmp_path / "count.gguf"
+    shutil.copyfile(model_path("qwen3moe"), path)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        (n,) = struct.unpack("<Q", f.read(8))
+        f.seek(8)
+        f.write(struct.pack("<Q", n - 1))
+    with pytest.raises(ModelLoadError, match="bytes follow the data of its"):
+        Llama(str(path), n_ctx=64, verbose=False)
+    Llama(str(model_path("qwen3moe")), n_ctx=64, verbose=False).close()  # the file as written loads
