@@ -225,8 +225,8 @@ def upstream_differences(rows: Iterable[Row]) -> list[str]:
             continue
         ours, theirs = got["upstream"], got["pristine"]
         for kind, values in theirs.items():
-            if kind in ("decisions", *(k for k in theirs if k.startswith("ubatch"))):
-                keys = ["hits", "misses", "uploaded_mib"] if kind.startswith("ubatch") else sorted(values)
+            if kind == "decisions" or kind.startswith("ubatch"):
+                keys = sorted(values) if kind == "decisions" else ["hits", "misses", "uploaded_mib"]
                 for k in keys:
                     a, b = ours.get(kind, {}).get(k), values.get(k)
                     if a != b:
@@ -740,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def save() -> None:  # after every run, so an interrupted matrix keeps what it measured
         if args.json:
-            args.json.write_text(json.dumps({"model": str(args.model), "dense": str(args.dense or ""), "h2d_gbps": bw, "mismatches": mismatches(rows),
+            args.json.write_text(json.dumps({"model": str(args.model), "dense": str(args.dense or ""), "h2d_gbps": bw, "mismatches": mismatches(rows) + upstream_differences(rows),
                                              "failed": failed, "rows": [dataclasses.asdict(r) for r in rows]},
                                             indent=1))
 
