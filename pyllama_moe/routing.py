@@ -78,7 +78,7 @@ def stdlib_text(n_chars: int = 60_000, source_share: float = 0.3, modules: Seque
 @dataclasses.dataclass
 class Recording:
     """Per MoE layer: the experts each token selected (``[n_tokens, K]``, in the router's order) and the router's
-    input (``[n_tokens, n_embd]``, or None if not recorded)."""
+    input (``[n_tokens, n_embd]``; no entry where it was not recorded)."""
 
     n_expert: int
     topk: dict[int, npt.NDArray[np.int32]]
