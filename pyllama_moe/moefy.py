@@ -95,13 +95,6 @@ def split_layer(g: npt.NDArray[np.float32], u: npt.NDArray[np.float32], d: npt.N
     return idx, router.astype(np.float32)
 
 
-def _dequantize(t: Any) -> npt.NDArray[np.float32]:
-    import gguf
-
-    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
-        [int(d) for d in reversed(t.shape)])
-
-
 def calibration_tokens(src: str | os.PathLike[str], n_tokens: int = 2048) -> list[int]:
     """Tokens of the calibration text (the standard library's documentation and code that
     :func:`pyllama_moe.routing.stdlib_text` leaves out), tokenized by ``src``."""
@@ -163,9 +156,9 @@ def moefy(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_expert: in
             if not any(t.name.endswith(f".ffn_{w}.weight") for w in ("gate", "up", "down")):
                 out.append((t.name, t))
         for il in range(n_layer):
-            g = _dequantize(tensors[f"blk.{il}.ffn_gate.weight"])  # [n_ff, n_embd]
-            u = _dequantize(tensors[f"blk.{il}.ffn_up.weight"])  # [n_ff, n_embd]
-            d = _dequantize(tensors[f"blk.{il}.ffn_down.weight"])  # [n_embd, n_ff]
+            g = routing.tensor_values(tensors[f"blk.{il}.ffn_gate.weight"])  # [n_ff, n_embd]
+            u = routing.tensor_values(tensors[f"blk.{il}.ffn_up.weight"])  # [n_ff, n_embd]
+            d = routing.tensor_values(tensors[f"blk.{il}.ffn_down.weight"])  # [n_embd, n_ff]
             idx, router = split_layer(g, u, d, calib[f"ffn_norm-{il}"].astype(np.float32), n_expert, seed=seed + il)
             out.append((f"blk.{il}.ffn_gate_inp.weight", router * np.float32(ROUTER_SCALE)))
             out.append((f"blk.{il}.ffn_gate_exps.weight", np.stack([g[i] for i in idx]).astype(np.float16)))

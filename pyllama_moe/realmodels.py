@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,9 @@ MODELS = {
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pyllama-moe" / "models"
+    from pyllama_moe.demo import cache_dir as package_cache
+
+    return package_cache() / "models"
 
 
 def cached(name: str) -> Path:

@@ -254,17 +254,23 @@ def prediction_recall(rec: Recording, routers: dict[int, npt.NDArray[np.float32]
     return out
 
 
+def tensor_values(t: Any) -> npt.NDArray[np.float32]:
+    """The values of a tensor of a ``gguf.GGUFReader`` (any type gguf-py dequantizes), in numpy order."""
+    import gguf
+
+    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+        [int(d) for d in reversed(t.shape)])
+
+
 def router_weights(model: str | Path) -> dict[int, npt.NDArray[np.float32]]:
     """Each layer's router (``ffn_gate_inp``) as ``[n_expert, n_embd]`` floats."""
     import gguf
 
-    r = gguf.GGUFReader(model)
     out = {}
-    for t in r.tensors:
+    for t in gguf.GGUFReader(model).tensors:
         m = re.fullmatch(r"blk\.(\d+)\.ffn_gate_inp\.weight", t.name)
         if m:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-            out[int(m.group(1))] = np.asarray(w, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+            out[int(m.group(1))] = tensor_values(t)
     return out
 
 
