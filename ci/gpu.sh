@@ -12,6 +12,8 @@
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
+# The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), collapsed or uniform;
+# it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
 # PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
 # Needs no network: the build uses the installed scikit-build-core and cffi.
 set -euo pipefail
@@ -82,10 +84,11 @@ if [ -z "${PYLLAMA_MOE_NO_BUILD:-}" ]; then
 fi
 
 [ "${1:-}" = build ] && exit 0
+routing=${PYLLAMA_MOE_BENCH_ROUTING:-realistic}
+model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b-$routing.gguf}
+dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
 make_models() {  # after the build: the writer takes its tokenizer from the vendored tree
-    model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b.gguf}
-    dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
-    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b -q
+    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b --routing "$routing" -q
     # the bench's dense model (bench.DENSE_SHAPE)
     [ -f "$dense" ] || "$PY" -c 'import sys; from pyllama_moe import bench; bench.write_model(sys.argv[1], "30b-a3b", dense=True)' "$dense"
 }
@@ -109,9 +112,8 @@ start=$(date +%s)
 if [ "${1:-}" = bench ]; then
     shift
     out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
-    model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b.gguf}
-    dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
-    "$PY" -m pyllama_moe bench "$model" --dense "$dense" --preset 30b-a3b --json "$out/bench.json" "$@" | tee "$out/bench.md"
+    "$PY" -m pyllama_moe bench "$model" --dense "$dense" --preset 30b-a3b --routing "$routing" --json "$out/bench.json" \
+        "$@" | tee "$out/bench.md"
     echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
 else
     "$PY" -m pytest -ra -p no:cacheprovider -m gpu tests "$@"

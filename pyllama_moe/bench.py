@@ -90,6 +90,8 @@ SETUPS: dict[str, Setup] = {
                           needs_gpu=False, llama_kwargs=(*_HOST, ("load_mode", "none"))),
     "cache-25": Setup("cache-25", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.25,
                       llama_kwargs=(*_HOST, ("load_mode", "none"))),
+    "cache-50": Setup("cache-50", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.50,
+                      llama_kwargs=(*_HOST, ("load_mode", "none"))),
     "cache-80": Setup("cache-80", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.80,
                       llama_kwargs=(*_HOST, ("load_mode", "none"))),
     # a dense model (--dense) with half of it in pinned host memory: its upper layers (-ngl, their KV cache
@@ -143,14 +145,34 @@ PRISTINE = {"(pristine build)": "1"}
 DENSE_SHAPE: dict[str, Any] = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
 
 
-def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False) -> None:
-    """The bench's model of ``preset`` (with ``dense``: the preset as a dense qwen3, of DENSE_SHAPE for 30b-a3b)."""
+def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False, routing: str = "realistic") -> None:
+    """The bench's model of ``preset`` (with ``dense``: the preset as a dense qwen3, of DENSE_SHAPE for 30b-a3b), its
+    routing regime ``routing`` (see ``synth``)."""
     from pyllama_moe import synth
 
     if dense:
         synth.write_model(path, preset, arch="qwen3", progress=progress, **(DENSE_SHAPE if preset == "30b-a3b" else {}))
     else:
-        synth.write_model(path, preset, progress=progress)
+        synth.write_model(path, preset, progress=progress, routing=routing)
+
+
+def routing_regime(model: Path) -> str:
+    """The routing regime a synthetic model was written with (``pyllama_moe.synth.routing``; files from before
+    the key: ``collapsed`` with positive scales, else ``uniform`` or ``skew``), ``-`` for other models."""
+    from pyllama_moe import moe
+    from pyllama_moe.ffi import ffi, lib
+
+    def get(key: str) -> str | None:
+        k = lib.gguf_find_key(ctx, key.encode())
+        return None if k < 0 else ffi.string(lib.gguf_get_val_str(ctx, k)).decode()
+
+    with moe.gguf_header(str(model).encode()) as ctx:
+        regime = get("pyllama_moe.synth.routing")
+        if regime is None and (signs := get("pyllama_moe.synth.scale_signs")) is not None:
+            k = lib.gguf_find_key(ctx, b"pyllama_moe.synth.skew")
+            skewed = k >= 0 and lib.gguf_get_val_f32(ctx, k) > 0
+            regime = "skew" if skewed else "collapsed" if signs == "positive" else "uniform"
+    return regime or "-"
 
 
 @dataclasses.dataclass
@@ -356,8 +378,8 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     same = not setup.fit_gib
     rows = [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
                 digest=res["pp_digest"] if same else "", trace=res.get("pp_trace", {})),
-            Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"], cache=stats,
-                digest=res["tg_digest"] if same else "")]
+            Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"],
+                cache={**stats, "tg": res["tg"]} if res.get("tg") else stats, digest=res["tg_digest"] if same else "")]
     if "first" in res:
         f = res["first"]
         rows.append(Row(setup.name, switches, "python", n_prompt, n_ubatch, f["n"], f["ts"],
@@ -376,17 +398,25 @@ def fit_kwargs(setup: Setup) -> dict[str, Any]:
             "moe_cache_mib": "auto" if setup.cache_auto else 0}
 
 
-def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """One model load: a prompt of random tokens evaluated (timed after a warm-up), then greedy generation
-    from an empty context."""
-    import hashlib
+def bench_text(vocab_tokenize: Callable[[bytes], list[int]]) -> tuple[list[int], list[int]]:
+    """The bench's real text as tokens: the documentation of standard-library modules (the prompts, and the
+    tokens after them) and their source code (decoding from an empty context, and a cache's warm-up): two topics."""
+    from pyllama_moe.routing import stdlib_text
 
-    import numpy as np
+    text = stdlib_text(120_000, source_share=0.25)
+    split = int(len(text) * 0.75)  # stdlib_text: the documentation, then the source code
+    return vocab_tokenize(text[:split].encode()), vocab_tokenize(text[split:].encode())
+
+
+def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One model load: a prompt of real text evaluated (timed after a warm-up), then decoding real text from an
+    empty context, one token per step (teacher-forced: the speed of generation whose tokens are text, whatever
+    the model would pick; the hash is of its greedy picks)."""
+    import hashlib
 
     from pyllama_moe.ffi import lib
     from pyllama_moe.llama import Llama
     from pyllama_moe.params import physical_cores
-    from pyllama_moe.sampler import Sampler, SamplingParams
 
     n_prompt, n_ubatch, tg = spec["n_prompt"], spec["n_ubatch"], spec["tg"]
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads;
@@ -397,15 +427,29 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     n_batch = spec.get("batch") or n_prompt
     with Llama(spec["model"], n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch), flash_attn=True,
                n_threads=threads, n_threads_batch=threads, verbose=True, **spec["kwargs"]) as llm:
-        rng = np.random.default_rng(0)
-        tokens = [llm.token_bos(), *rng.integers(1000, min(llm.n_vocab(), 100_000), n_prompt - 1).tolist()]
+        docs, code = bench_text(lambda b: llm.tokenize(b, add_bos=False))
+        need = max(n_prompt + n_first, 1)
+        if len(docs) < need or len(code) < max(tg, spec.get("warm", 0)):
+            raise ValueError(f"the bench text has {len(docs)} + {len(code)} tokens, too few for this run")
+        tokens = [llm.token_bos(), *docs[: n_prompt - 1]]
+
+        def decode(toks: list[int]) -> tuple[float, str]:
+            """``toks`` one per decode step; the seconds and the hash of the greedy pick after each."""
+            picks = []
+            t0 = time.perf_counter()
+            for tok in toks:
+                llm.eval([tok])
+                picks.append(int(llm._ctx.logits_ith(-1).argmax()))
+            lib.llama_synchronize(llm._ctx.ptr)
+            return time.perf_counter() - t0, hashlib.sha256(repr(picks).encode()).hexdigest()[:16]
+
         warmup = spec.get("warmup", -1)
         n_warmup = n_ubatch if warmup < 0 else min(n_ubatch, warmup)
         if n_warmup:  # graphs, CUDA kernels (loaded on first use), the cache's first uploads
             llm.eval(tokens[:n_warmup])
             llm.reset()
-        if spec.get("warm"):  # a warm MoE cache: decode fills it before the timed prompt (the KV cache is cleared)
-            llm.create_completion([llm.token_bos()], max_tokens=spec["warm"], temperature=0.0)
+        if spec.get("warm"):  # a MoE cache warmed by another text: decode of source code before the timed prompt
+            decode([llm.token_bos(), *code[: spec["warm"] - 1]])
             llm.reset()
         traced = Tracer(spec.get("trace", False))
         stats_before = llm.moe_cache_stats()
@@ -419,38 +463,21 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         copies = prompt_copies(stats_before, stats_after)
         seeds = prompt_seeds(stats_before, stats_after)
         first = {}
-        if n_first:  # greedy tokens continuing the prompt: the first decode steps find what the prompt left in the cache
-            before = stats_after
-            gen: list[int] = []
-            greedy = Sampler(llm._vocab.ptr, llm.n_vocab(), SamplingParams(temperature=0))
+        if n_first:  # the text continuing the prompt: the first decode steps find what the prompt left in the cache
             traced_first = Tracer(spec.get("trace", False))
             with traced_first:
-                t0 = time.perf_counter()
-                for _ in range(n_first):
-                    gen.append(greedy.sample(llm._ctx.ptr, -1))
-                    llm.eval(gen[-1:])
-                lib.llama_synchronize(llm._ctx.ptr)
-                t_first = time.perf_counter() - t0
-            greedy.close()
-            after = llm.moe_cache_stats()
-            first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first,
-                     "digest": hashlib.sha256(repr(gen).encode()).hexdigest()[:16], "trace": traced_first.as_dict()}
-            if before and after:  # decode looks up the cache on the device, or on the host (ubatches of <= 8)
-                hits = sum(after[p]["hits"] - before[p]["hits"] for p in ("device", "small"))
-                misses = sum(after[p]["misses"] - before[p]["misses"] for p in ("device", "small"))
-                first.update(hits=hits, misses=misses, hit_rate=100.0 * hits / max(hits + misses, 1))
-        # generation from an empty context, as llama-bench's tg: the first call warms up, the second is timed
+                t_first, digest = decode(docs[n_prompt - 1: n_prompt - 1 + n_first])
+            first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first, "digest": digest,
+                     "trace": traced_first.as_dict(), **decode_hits(stats_after, llm.moe_cache_stats())}
+        # decoding from an empty context, as llama-bench's tg: a few steps warm up, then the timed ones
         llm.reset()
-        llm.create_completion([llm.token_bos()], max_tokens=4, temperature=0.0)
+        decode([llm.token_bos(), *code[:3]])
         llm.reset()
-        t0 = time.perf_counter()
-        res = llm.create_completion([llm.token_bos()], max_tokens=tg, temperature=0.0)
-        t_tg = time.perf_counter() - t0
-        n_gen = res["usage"]["completion_tokens"]
-        gen = llm.tokenize(res["choices"][0]["text"].encode(), add_bos=False, special=True)
-        out = {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": n_gen, "tg_ts": n_gen / t_tg,
-               "tg_digest": hashlib.sha256(repr((n_gen, gen)).encode()).hexdigest()[:16], "placement": llm.placement,
-               "pp_trace": traced.as_dict()}
+        before = llm.moe_cache_stats()
+        t_tg, tg_digest = decode([llm.token_bos(), *code[: tg - 1]])
+        out = {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": tg, "tg_ts": tg / t_tg,
+               "tg_digest": tg_digest, "placement": llm.placement, "pp_trace": traced.as_dict(),
+               "tg": decode_hits(before, llm.moe_cache_stats())}
         if first:
             out["first"] = first
         if copies:
@@ -458,6 +485,17 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if seeds:
             out["prompt_seeds"] = seeds
         return out
+
+
+def decode_hits(before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
+                ) -> dict[str, float]:
+    """The MoE cache's hits, misses and hit rate between two ``moe_cache_stats()`` in decode steps (looked up on the
+    device, or on the host for ubatches of <= 8); empty without a cache."""
+    if not before or not after:
+        return {}
+    hits = sum(after[p]["hits"] - before[p]["hits"] for p in ("device", "small"))
+    misses = sum(after[p]["misses"] - before[p]["misses"] for p in ("device", "small"))
+    return {"hits": hits, "misses": misses, "hit_rate": 100.0 * hits / max(hits + misses, 1)}
 
 
 def prompt_copies(before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
@@ -609,6 +647,8 @@ def table(rows: Iterable[Row]) -> str:
         small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
         if small:
             cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
+        if r.cache.get("tg"):  # the hit rate of the timed decode itself (the log's figures are the whole run's)
+            cell["cache"] = f"tg {r.cache['tg']['hit_rate']:.1f}% hits; " + cell.get("cache", "")
         pf = r.cache.get("prefetch")
         if pf:
             cell["prefetch"] = f"{pf['staging_mib']:.0f} MiB x{pf['depth']}"
@@ -643,6 +683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
     ap.add_argument("--preset", help="make the model with pyllama_moe.synth if the file does not exist")
+    ap.add_argument("--routing", default="realistic", choices=("realistic", "collapsed", "uniform"),
+                    help="with --preset: the routing regime of the model written (default realistic, like a trained "
+                         "MoE's; collapsed and uniform are the bounds)")
     ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
                                      "cache-<N>mib (a cache of N MiB), fit-<G>gib and fit-<G>gib-cache (fit=True "
                                      "with G GiB of the GPU, without the cache and with moe_cache_mib='auto'); a cache "
@@ -694,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.preset:
             ap.error(f"{path} does not exist (give --preset to make it)")
         print(f"writing {'a dense ' if dense else ''}{args.preset} to {path} ...", file=sys.stderr, flush=True)
-        write_model(path, args.preset, dense, progress=sys.stderr.isatty())
+        write_model(path, args.preset, dense, progress=sys.stderr.isatty(), routing=args.routing)
     if args.overhead:
         rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
         print(overhead_table(rows_o))
@@ -737,10 +780,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped: list[str] = []
     failed: list[str] = []
     bw: dict[str, float] = {}
+    regime = routing_regime(args.model)
 
     def save() -> None:  # after every run, so an interrupted matrix keeps what it measured
         if args.json:
-            args.json.write_text(json.dumps({"model": str(args.model), "dense": str(args.dense or ""), "h2d_gbps": bw, "mismatches": mismatches(rows) + upstream_differences(rows),
+            args.json.write_text(json.dumps({"model": str(args.model), "routing": regime, "dense": str(args.dense or ""),
+                                             "h2d_gbps": bw, "mismatches": mismatches(rows) + upstream_differences(rows),
                                              "failed": failed, "rows": [dataclasses.asdict(r) for r in rows]},
                                             indent=1))
 
@@ -774,6 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             save()
     bw = h2d_bandwidth(mapped=args.model) if gpu else {}
+    print(f"{args.model.name}: {regime} routing; prompts and decoded tokens are real text (bench_text)\n")
     print(table(rows))
     placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
     for name, pl in placed.items():  # where the fit put the weights

@@ -81,6 +81,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
+from pyllama_moe import synth_routing
+
 if TYPE_CHECKING:  # pragma: no cover
     import gguf
 
@@ -164,6 +166,8 @@ GGML_TYPES: dict[str, GGMLType] = {
 EXPERT_TYPES: tuple[str, ...] = ("q4_0", "q8_0", "f16", "f32")
 DENSE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0", "q4_0")
 SCALE_SIGNS: tuple[str, ...] = ("auto", "positive", "random")
+# collapsed: positive scales (today's default); uniform: random signs; realistic: pyllama_moe.synth_routing
+ROUTINGS: tuple[str, ...] = ("auto", "collapsed", "uniform", "realistic")
 
 # root mean square of the integer part of each quantized type's random values
 _Q_RMS: dict[str, float] = {
@@ -361,6 +365,7 @@ class Plan:
     skew: float
     tensors: tuple[TensorPlan, ...]
     scale_signs: str = "random"
+    routing: str = ""  # "realistic", or "" (the routing follows from skew and scale_signs)
 
     @property
     def tensor_bytes(self) -> int:
@@ -376,6 +381,15 @@ class Plan:
     def data_bytes(self) -> int:
         """Bytes of the file's data section (tensors padded to the GGUF alignment)."""
         return sum(_pad(t.nbytes) for t in self.tensors)
+
+    @property
+    def regime(self) -> str:
+        """The routing regime: ``realistic``, ``skew``, ``collapsed`` (positive scales) or ``uniform``."""
+        if self.routing:
+            return self.routing
+        if self.skew > 0:
+            return "skew"
+        return "collapsed" if self.scale_signs == "positive" else "uniform"
 
     def by_name(self) -> dict[str, TensorPlan]:
         """The tensors keyed by name."""
@@ -401,13 +415,16 @@ def plan(
     n_vocab: int | None = None,
     vocab_path: str | os.PathLike[str] | None = None,
     scale_signs: str = "auto",
+    routing: str = "auto",
     **shape_overrides: Any,
 ) -> Plan:
     """Every tensor that :func:`write_model` would write, with its shape, type and size.
 
     Writes nothing. ``n_vocab`` defaults to the token count of ``vocab_path`` if given, else to the
     qwen2 vocabulary's 151936. ``scale_signs`` is ``positive``, ``random`` or ``auto`` (positive
-    without skew, random with it; see the module docstring).
+    without skew, random with it; see the module docstring). ``routing`` is ``collapsed`` (positive
+    scales), ``uniform`` (random ones), ``realistic`` (:mod:`pyllama_moe.synth_routing`; qwen3moe only,
+    random scales) or ``auto`` (as ``scale_signs`` and ``skew`` say).
     """
     shape = resolve_shape(preset, arch, **shape_overrides)
     etype = _ggml_type(expert_type, "expert_type", EXPERT_TYPES)
@@ -420,12 +437,39 @@ def plan(
     _check_blocks(shape, etype, dtype)
     if scale_signs not in SCALE_SIGNS:
         raise ValueError(f"scale_signs must be one of {', '.join(SCALE_SIGNS)}, got {scale_signs!r}")
+    scale_signs = _routing_signs(routing, scale_signs, skew, shape)
     if scale_signs == "auto":
         scale_signs = "random" if skew > 0 else "positive"
+    realistic = routing == "realistic"
     tensors = tuple(_tensor_list(shape, etype, dtype, n_vocab, skew > 0))
+    if realistic:
+        synth_routing.layout(shape.n_embd, shape.head_dim, shape.n_expert, shape.n_layer, shape.rope_freq_base)
+        tensors = tuple(dataclasses.replace(t, init="realistic") if _realistic_tensor(t.name) else t for t in tensors)
     if scale_signs == "positive":
         tensors = tuple(dataclasses.replace(t, signed=False) for t in tensors)
-    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs)
+    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs, "realistic" if realistic else "")
+
+
+def _routing_signs(routing: str, scale_signs: str, skew: float, shape: Shape) -> str:
+    """The scale signs that ``routing`` implies; ValueError where it contradicts the other arguments."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    if routing == "auto":
+        return scale_signs
+    if skew > 0:
+        raise ValueError(f"routing={routing!r} and skew={skew} both set the routing: give one")
+    want = "positive" if routing == "collapsed" else "random"
+    if scale_signs not in ("auto", want):
+        raise ValueError(f"routing={routing!r} needs scale_signs={want!r}, got {scale_signs!r}")
+    if routing == "realistic" and shape.arch != ARCH_QWEN3MOE:
+        raise ValueError(f"routing='realistic' needs the {ARCH_QWEN3MOE} arch, got {shape.arch}")
+    return want
+
+
+def _realistic_tensor(name: str) -> bool:
+    """Whether the realistic routing writes (part of) tensor ``name`` (its router aside)."""
+    return name == "token_embd.weight" or name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight") \
+        or name.endswith((".attn_output.weight", ".ffn_down_exps.weight"))
 
 
 def _check_skew(skew: float, shape: Shape) -> float:
@@ -601,14 +645,22 @@ def _silu_sq_mean(sigma: float) -> float:
     return float(np.sum(silu * silu * pdf) * (z[1] - z[0]))
 
 
-def _topk_weight_sq(shape: Shape) -> float:
-    """E[sum of squared routing weights] of softmax-over-top-k with random router logits."""
+def _topk_weight_sq(shape: Shape, std: float | None = None) -> float:
+    """E[sum of squared routing weights] of softmax-over-top-k with random router logits (of standard deviation
+    ``std``; default: those of the random routers)."""
     rng = np.random.default_rng(12345)
-    logits = rng.standard_normal((512, shape.n_expert)) * ROUTER_STD * math.sqrt(shape.n_embd)
+    logits = rng.standard_normal((512, shape.n_expert)) * (ROUTER_STD * math.sqrt(shape.n_embd) if std is None else std)
     top = -np.sort(-logits, axis=1)[:, : shape.n_expert_used]
     w = np.exp(top - top[:, :1])
     w /= w.sum(axis=1, keepdims=True)
     return float(np.mean(np.sum(w * w, axis=1)))
+
+
+def _moe_mean_square(shape: Shape, weight_sq: float) -> float:
+    """What a MoE layer adds to the mean square of each residual dimension, its routing weights' squares summing to
+    ``weight_sq``."""
+    sigma_g = EXPERT_RMS * math.sqrt(shape.n_embd)
+    return EXPERT_RMS**2 * shape.n_ff_exp * _silu_sq_mean(sigma_g) * sigma_g**2 * weight_sq
 
 
 def _residual_rms(shape: Shape) -> list[float]:
@@ -620,8 +672,7 @@ def _residual_rms(shape: Shape) -> list[float]:
     E[sum w^2]`` to the mean square.
     """
     attn = (DENSE_STD**2 * shape.n_embd_q) * (DENSE_STD**2 * shape.n_embd) * ATTN_MIXING
-    sigma_g = EXPERT_RMS * math.sqrt(shape.n_embd)
-    moe = EXPERT_RMS**2 * shape.n_ff_exp * _silu_sq_mean(sigma_g) * sigma_g**2 * _topk_weight_sq(shape)
+    moe = _moe_mean_square(shape, _topk_weight_sq(shape))
     return [math.sqrt(DENSE_STD**2 + (il + 1) * attn + il * moe) for il in range(shape.n_layer)]
 
 
@@ -656,14 +707,77 @@ def _prepare_skew(p: Plan, seed: int) -> _Skew | None:
     return _Skew(hot, boost, logit_std, tuple(v_biases), tuple(directions))
 
 
+# --------------------------------------------------------------------------------------------
+# realistic routing (pyllama_moe.synth_routing)
+
+
+def _prepare_routing(p: Plan, seed: int) -> synth_routing.Routing | None:
+    """The realistic routing's data of plan ``p`` (None for the other regimes)."""
+    if p.routing != "realistic":
+        return None
+    s = p.shape
+    lay = synth_routing.layout(s.n_embd, s.head_dim, s.n_expert, s.n_layer, s.rope_freq_base)
+    # the embedding: DENSE_STD noise outside the subspace, the constant and a token vector in it
+    rho0 = math.sqrt((DENSE_STD**2 * lay.start + synth_routing.C_MAG**2 + synth_routing.T_MAG**2) / s.n_embd)
+    rms = tuple(math.sqrt(r * r - DENSE_STD**2 + rho0**2) for r in _residual_rms(s))
+    # what a layer's experts write into each dimension of its bank, with this layer's (not random) router logits
+    new = tuple(math.sqrt(lay.d_new * _moe_mean_square(s, _topk_weight_sq(s, synth_routing.logit_std(il, s.n_layer))))
+                for il in range(s.n_layer))
+    return synth_routing.Routing(lay, s.n_layer, s.rope_freq_base, rho0, rms, new, functools.partial(_rng, seed))
+
+
+def _realistic_chunk(t: TensorPlan, seed: int, chunk: int, r: synth_routing.Routing) -> npt.NDArray[Any]:
+    """Chunk ``chunk`` of a tensor that the realistic routing writes: the random chunk with the subspace's rows and
+    columns replaced (see :mod:`pyllama_moe.synth_routing`)."""
+    out = _normal_chunk(t, seed, chunk)
+    lay, n_row = r.lay, t.shape[0]
+    if t.name.endswith(".ffn_down_exps.weight"):  # the subspace's rows zero but for the layer's bank
+        bank = lay.bank(_layer_of(t.name)) if _layer_of(t.name) < lay.n_bank else slice(0, 0)
+        per_row = n_row // t.type.block_size if t.type.quantized else n_row
+        first = chunk * (_CHUNK_BLOCKS if t.type.quantized else _CHUNK_ELEMENTS)
+        dim = (first + np.arange(len(out), dtype=np.int64)) // per_row % t.shape[1]
+        out[(dim >= lay.start) & ((dim < bank.start) | (dim >= bank.stop))] = 0  # q4_0/q8_0: a zero block, scale 0
+        return out
+    first = chunk * _CHUNK_ELEMENTS
+    idx = first + np.arange(len(out), dtype=np.int64)
+    rows, cols = idx // n_row, idx % n_row
+    values = out.astype(np.float32)
+    if t.name == "token_embd.weight":  # rows are tokens: the constant, the token's vector, no context
+        sub = cols >= lay.start
+        uniq, inv = np.unique(rows[sub], return_inverse=True)
+        vec = np.zeros((len(uniq), lay.n_embd - lay.start), dtype=np.float32)
+        vec[:, 0] = synth_routing.C_MAG
+        vec[:, 1: 1 + lay.d_tok] = r.token_vectors(uniq)
+        values[sub] = vec[inv, cols[sub] - lay.start]
+    elif t.name.endswith(".attn_output.weight"):  # rows are the residual's dimensions
+        sub = rows >= lay.start
+        values[sub] = 0.0
+        if t.name.startswith("blk.0."):  # the recency head (head 0) writes the context dimensions
+            ctx = (rows >= lay.ctx.start) & (rows < lay.ctx.stop) & (cols < lay.head_dim)
+            values[ctx] = r.output_proj()[rows[ctx] - lay.ctx.start, cols[ctx]]
+    else:  # layer 0's query, key and value: the recency head's rows (kv head 0, and q head 0)
+        head = rows < lay.head_dim
+        values[head] = 0.0
+        if t.name.endswith("attn_v.weight"):
+            tok = head & (cols >= lay.tok.start) & (cols < lay.tok.stop)
+            values[tok] = r.value_proj()[rows[tok], cols[tok] - lay.tok.start]
+        else:
+            at_c = head & (cols == lay.c)
+            values[at_c] = synth_routing.recency_query(lay)[rows[at_c]]
+    return values.astype(out.dtype)
+
+
 def _layer_of(name: str) -> int:
     """The block index in a ``blk.N.`` tensor name."""
     return int(name.split(".")[1])
 
 
-def _special_values(t: TensorPlan, seed: int, skew: _Skew | None) -> npt.NDArray[np.float32]:
+def _special_values(t: TensorPlan, seed: int, skew: _Skew | None,
+                    routing: synth_routing.Routing | None = None) -> npt.NDArray[np.float32]:
     """Values of a router, router bias or skew value bias, in numpy order."""
     il = _layer_of(t.name)
+    if routing is not None:
+        return routing.router(il, t.shape[1])
     if t.init == "vbias":
         assert skew is not None and skew.v_bias
         return skew.v_bias[il]
@@ -866,6 +980,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
     writer.add_string(META_PREFIX + "expert_type", p.expert_type)
     writer.add_string(META_PREFIX + "dense_type", p.dense_type)
     writer.add_string(META_PREFIX + "scale_signs", p.scale_signs)
+    writer.add_string(META_PREFIX + "routing", p.regime)
     if skew is not None:
         writer.add_uint32(META_PREFIX + "hot_experts_per_layer", len(skew.hot[0]))
         writer.add_key_value(META_PREFIX + "hot_experts", [e for layer in skew.hot for e in layer],
@@ -879,20 +994,24 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
 _Job = tuple[int, Callable[[], npt.NDArray[Any]]]
 
 
-def _jobs(p: Plan, seed: int, skew: _Skew | None) -> Iterator[_Job]:
+def _jobs(p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing | None = None) -> Iterator[_Job]:
     """``(tensor index, chunk producer)`` for every chunk of every tensor, in file order."""
     for i, t in enumerate(p.tensors):
         if t.init == "ones":
             yield i, functools.partial(np.ones, t.n_elements, dtype="<f4")
         elif t.init in ("router", "vbias"):
-            yield i, functools.partial(_special_values, t, seed, skew)
+            yield i, functools.partial(_special_values, t, seed, skew, routing)
+        elif t.init == "realistic":
+            assert routing is not None
+            for c in range(_chunk_count(t)):
+                yield i, functools.partial(_realistic_chunk, t, seed, c, routing)
         else:
             for c in range(_chunk_count(t)):
                 yield i, functools.partial(_normal_chunk, t, seed, c)
 
 
 def _write_data(fout: BinaryIO, p: Plan, seed: int, skew: _Skew | None, threads: int,
-                on_bytes: Callable[[int], None]) -> None:
+                on_bytes: Callable[[int], None], routing: synth_routing.Routing | None = None) -> None:
     """Write the data section: chunks made by ``threads`` workers, written in order, padded."""
     fout.write(b"\0" * (_pad(fout.tell()) - fout.tell()))
     written = [0] * len(p.tensors)
@@ -918,7 +1037,7 @@ def _write_data(fout: BinaryIO, p: Plan, seed: int, skew: _Skew | None, threads:
         on_bytes(buf.nbytes)
 
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="synth") as pool:
-        for i, job in _jobs(p, seed, skew):
+        for i, job in _jobs(p, seed, skew, routing):
             pending.append((i, pool.submit(job)))
             if len(pending) >= window:
                 drain_one()
@@ -940,6 +1059,7 @@ def write_model(
     threads: int | None = None,
     progress: bool = False,
     scale_signs: str = "auto",
+    routing: str = "auto",
     **shape_overrides: Any,
 ) -> Path:
     """Write a random-weight GGUF model to ``path`` and return ``path``.
@@ -950,7 +1070,8 @@ def write_model(
     ``f32``), ``dense_type`` that of attention, embedding and output. ``vocab_path`` is the
     vocab-only GGUF whose ``tokenizer.*`` keys are copied (default :func:`default_vocab_path`).
     ``skew`` skews the routing and ``scale_signs`` sets the signs of the quantized blocks' scales
-    (see the module docstring); ``seed`` makes everything reproducible. The file is written to a temporary name beside ``path`` and renamed at the end. Bad arguments
+    (see the module docstring); ``routing`` picks a regime: ``collapsed``, ``uniform`` or ``realistic``
+    (see :func:`plan`); ``seed`` makes everything reproducible. The file is written to a temporary name beside ``path`` and renamed at the end. Bad arguments
     raise ValueError naming the parameter.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
@@ -960,7 +1081,7 @@ def write_model(
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     vocab = _load_vocab(Path(vocab_path) if vocab_path is not None else default_vocab_path())
     p = plan(preset, arch=arch, expert_type=expert_type, dense_type=dense_type, skew=skew,
-             n_vocab=vocab.n_tokens, scale_signs=scale_signs, **shape_overrides)
+             n_vocab=vocab.n_tokens, scale_signs=scale_signs, routing=routing, **shape_overrides)
     skew_data = _prepare_skew(p, seed)
     out = Path(path)
     tmp = out.with_name(out.name + ".partial")
@@ -988,7 +1109,8 @@ def _write_file(tmp: Path, p: Plan, vocab: _Vocab, preset: str, seed: int, skew:
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         assert writer.fout is not None and len(writer.fout) == 1
-        _write_data(writer.fout[0], p, seed, skew, threads, bar.update if bar is not None else (lambda n: None))
+        _write_data(writer.fout[0], p, seed, skew, threads, bar.update if bar is not None else (lambda n: None),
+                    _prepare_routing(p, seed))
         writer.fout[0].flush()
     finally:
         writer.close()
@@ -1023,6 +1145,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--expert-type", default="q4_0", choices=EXPERT_TYPES, help="type of expert/FFN weights (default q4_0)")
     ap.add_argument("--dense-type", default="f16", choices=DENSE_TYPES, help="type of attention/embedding/output (default f16)")
     ap.add_argument("--skew", type=float, default=0.0, help="router skew, 0 = uniform random routing (default 0)")
+    ap.add_argument("--routing", default="auto", choices=ROUTINGS,
+                    help="routing regime: collapsed (onto a few experts), uniform, realistic (like a trained MoE's, "
+                         "qwen3moe) (default auto: collapsed, or as --skew and --scale-signs say)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--scale-signs", default="auto", choices=SCALE_SIGNS,
                     help="signs of the quantized blocks' scales (default auto: positive without skew, random with it)")
@@ -1057,14 +1182,15 @@ def main(argv: list[str] | None = None) -> int:
                                progress=not args.quiet and sys.stderr.isatty())
         elif args.plan:
             p = plan(args.preset, arch=args.arch, expert_type=args.expert_type, dense_type=args.dense_type,
-                     skew=args.skew, vocab_path=args.vocab, scale_signs=args.scale_signs, **overrides)
+                     skew=args.skew, vocab_path=args.vocab, scale_signs=args.scale_signs, routing=args.routing,
+                     **overrides)
             _print_plan(p)
             return 0
         else:
             path = write_model(
                 args.output, args.preset, arch=args.arch, vocab_path=args.vocab, expert_type=args.expert_type,
                 skew=args.skew, seed=args.seed, dense_type=args.dense_type, threads=args.threads,
-                scale_signs=args.scale_signs,
+                scale_signs=args.scale_signs, routing=args.routing,
                 progress=not args.quiet and sys.stderr.isatty(), **overrides,
             )
     except (ValueError, FileNotFoundError) as e:

@@ -185,3 +185,27 @@ def test_cache_hit_rates_on_the_gpu(tmp_path: Path) -> None:
     for path in ("device", "host"):
         assert 0.0 <= rates["25%"][path] <= rates["80%"][path] <= 1.0, rates
     assert rates["80%"]["device"] > 0.5, rates
+
+
+def test_realistic_synthetic_routing_is_local_where_uniform_is_not(tmp_path: Path) -> None:
+    """NATIVE: on real text, synth's realistic regime reuses experts from one token to the next and concentrates
+    on some of them (more in its deep layers), the next layer's router on this layer's input predicts most of
+    the next layer's experts but not all, and the uniform regime of the same shape does none of this."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe import synth
+    from pyllama_moe.llama import Llama
+
+    kw = {"n_layer": 4, "n_expert": 16, "n_expert_used": 4, "seed": 2}
+    real = synth.write_model(tmp_path / "real.gguf", "tiny", routing="realistic", **kw)
+    uni = synth.write_model(tmp_path / "uni.gguf", "tiny", routing="uniform", **kw)
+    with Llama(str(real), vocab_only=True, verbose=False) as vocab:
+        tokens = vocab.tokenize(routing.stdlib_text(6000).encode())[:384]
+    reps = {p.stem: routing.report(routing.record(p, tokens, n_batch=128), routing.router_weights(p))
+            for p in (real, uni)}
+    r, u = reps["real"], reps["uni"]
+    assert r["overall"]["overlap"] > u["overall"]["overlap"] + 0.3
+    assert r["overall"]["cover90"] < u["overall"]["cover90"] - 0.15
+    assert r["overall"]["lru"]["25%"] > u["overall"]["lru"]["25%"] + 0.3
+    assert 0.6 < r["overall"]["recall_k"] < 0.99
+    layers = r["layers"]
+    assert layers[3]["cover90"] < layers[0]["cover90"]

@@ -596,3 +596,83 @@ def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, a
             lib.llama_free(ctx)
     finally:
         lib.llama_model_free(model)
+
+
+# --------------------------------------------------------------------------------------------
+# realistic routing (pyllama_moe.synth_routing)
+
+
+def test_routing_regimes_and_their_errors() -> None:
+    assert synth.plan("tiny").regime == "collapsed"
+    assert synth.plan("tiny", routing="uniform").regime == "uniform"
+    assert synth.plan("tiny", routing="uniform").scale_signs == "random"
+    assert synth.plan("tiny", skew=0.5).regime == "skew"
+    p = synth.plan("tiny", routing="realistic")
+    assert p.regime == "realistic" and p.scale_signs == "random"
+    assert {t.name for t in p.tensors if t.init == "realistic"} == {
+        "token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
+        "blk.0.attn_output.weight", "blk.1.attn_output.weight", "blk.0.ffn_down_exps.weight",
+        "blk.1.ffn_down_exps.weight"}
+    # the same tensors, sizes and types as the other regimes: the same compute
+    assert synth.plan("30b-a3b", routing="realistic").rows() == synth.plan("30b-a3b").rows()
+    for kwargs, match in [({"routing": "trained"}, "routing must be one of"),
+                          ({"routing": "realistic", "arch": "gpt-oss"}, "needs the qwen3moe arch"),
+                          ({"routing": "realistic", "skew": 0.3}, "both set the routing"),
+                          ({"routing": "collapsed", "scale_signs": "random"}, "needs scale_signs='positive'"),
+                          ({"routing": "realistic", "n_embd": 32}, "realistic routing needs n_embd >=")]:
+        with pytest.raises(ValueError, match=match):
+            synth.plan("tiny", **kwargs)
+
+
+def test_realistic_weights_route_through_their_subspace(small_vocab: Path, tmp_path: Path) -> None:
+    from pyllama_moe import synth_routing
+
+    kw = {"seed": 4, "vocab_path": small_vocab, "n_layer": 3, "routing": "realistic"}
+    path = synth.write_model(tmp_path / "r.gguf", "tiny", threads=1, **kw)
+    assert path.read_bytes() == synth.write_model(tmp_path / "r3.gguf", "tiny", threads=3, **kw).read_bytes()
+    reader = read(path)
+    assert reader.fields["pyllama_moe.synth.routing"].contents() == "realistic"
+    got = tensors(reader)
+    lay = synth_routing.layout(TINY.n_embd, TINY.head_dim, TINY.n_expert, 3, TINY.rope_freq_base)
+    assert lay.n_bank == 2 and lay.d_new >= 1 and lay.pairs
+    emb = values(got["token_embd.weight"])  # [n_vocab, n_embd]
+    assert np.allclose(emb[:, lay.c], synth_routing.C_MAG, rtol=1e-3)
+    tok_norm = np.linalg.norm(emb[:, lay.tok], axis=1)
+    assert np.allclose(tok_norm, synth_routing.T_MAG, rtol=1e-2) and np.all(emb[:, lay.ctx] == 0)
+    assert len({tuple(np.round(r, 3)) for r in emb[:50, lay.tok]}) == 50  # a vector per token
+    for il in range(3):
+        router = values(got[f"blk.{il}.ffn_gate_inp.weight"])
+        assert np.all(router[:, : lay.start] == 0)  # selection reads the subspace only
+        banks = router[:, lay.bank(0).start:]
+        assert np.any(banks != 0) == (il > 0)  # layer il reads what layer il - 1's experts wrote
+        down = values(got[f"blk.{il}.ffn_down_exps.weight"])  # [n_expert, n_embd, n_ff_exp]
+        written = np.flatnonzero(np.any(down != 0, axis=(0, 2))[lay.start:]) + lay.start
+        want = list(range(lay.bank(il).start, lay.bank(il).stop)) if il < lay.n_bank else []
+        assert written.tolist() == want
+        out = values(got[f"blk.{il}.attn_output.weight"])  # [n_embd, n_q]
+        if il:
+            assert np.all(out[lay.start:] == 0)
+        else:  # only the recency head (head 0) writes the context dimensions
+            assert np.all(out[lay.start: lay.ctx.start] == 0) and np.all(out[lay.ctx.stop:] == 0)
+            assert np.all(out[lay.ctx, TINY.head_dim:] == 0) and np.any(out[lay.ctx, : TINY.head_dim] != 0)
+    # the recency head's query and key: the constant dimension only, on the window's rotary pairs
+    for name in ("attn_q", "attn_k"):
+        w = values(got[f"blk.0.{name}.weight"])[: TINY.head_dim]
+        assert np.all(np.delete(w, lay.c, axis=1) == 0)
+        assert np.flatnonzero(w[:, lay.c]).tolist() == sorted([*lay.pairs, *(p + TINY.head_dim // 2 for p in lay.pairs)])
+    # outside the routing tensors, the realistic model is the uniform one of its seed
+    uni = tensors(read(synth.write_model(tmp_path / "u.gguf", "tiny", seed=4, vocab_path=small_vocab, n_layer=3,
+                                         routing="uniform")))
+    assert np.array_equal(np.asarray(uni["blk.1.ffn_up_exps.weight"].data), np.asarray(got["blk.1.ffn_up_exps.weight"].data))
+    assert np.array_equal(values(uni["blk.1.attn_q.weight"]), values(got["blk.1.attn_q.weight"]))
+
+
+def test_recency_window_weights() -> None:
+    from pyllama_moe import synth_routing
+
+    lay = synth_routing.layout(2048, 128, 128, 48, 1e6)
+    assert lay.size <= 2048 * 3 // 4 and lay.d_new == 8
+    w = synth_routing.window_weights(lay, 1e6)
+    # most of the weight on the last ~40 tokens, the newest the heaviest
+    assert w[0] == w.max() and 0.9 < w[:41].sum() < 1.0 and w[:11].sum() < 0.7
+    assert synth_routing.strengths(0, 48)[0] < synth_routing.strengths(47, 48)[0]
