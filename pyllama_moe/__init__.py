@@ -45,13 +45,23 @@ _LAZY = {
 }
 
 
+# the rest of what llama-cpp-python's ``from llama_cpp import *`` gives: its typed dicts (``llama_types``), the draft
+# models and the low-level llama.h names (``llama_cpp``), looked up in that order
+_STAR = ("pyllama_moe.llama_types", "pyllama_moe.llama_speculative", "pyllama_moe.llama_cpp")
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pyllama_moe' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    module = _LAZY.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(module), name)
+    if not name.startswith("_"):
+        for star in _STAR:
+            mod = importlib.import_module(star)
+            if hasattr(mod, name):
+                return getattr(mod, name)
+    raise AttributeError(f"module 'pyllama_moe' has no attribute {name!r}")
 
 
 def _use_installed_native_parts() -> None:

@@ -33,6 +33,7 @@ from pyllama_moe.vocab import Vocab
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyllama_moe.llama import Llama
+    from pyllama_moe.llama_speculative import LlamaDraftModel
 
 
 def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
@@ -116,32 +117,81 @@ class Session:
     def generate(self, sampler: Sampler, *, want_logits: bool = False,
                  logits_processor: LogitsProcessorList | None = None,
                  stopping_criteria: StoppingCriteriaList | None = None,
+                 draft_model: LlamaDraftModel | None = None,
                  ) -> Generator[tuple[int, np.ndarray | None], Sequence[int] | None, None]:
         """Sample, yield (token, its logits or None), evaluate it (and any tokens sent) when resumed.
 
         The caller stops by leaving the loop: the last token yielded is then not evaluated (as in
-        llama-cpp-python), which saves a decode.
+        llama-cpp-python), which saves a decode. With ``draft_model`` a sampled token is evaluated together with the
+        tokens the draft proposes after it; each of them that is sampled next is then taken from that decode's
+        outputs instead of a decode of its own, and the first one that is not is removed with those after it.
         """
         need_logits = want_logits or logits_processor is not None or stopping_criteria is not None
-        while True:
-            ctx_ptr = self.ctx.ptr  # raises once the Llama is closed under a live stream
-            if self.n_tokens >= self.n_ctx:
-                return
-            logits: np.ndarray | None = None
-            if logits_processor is not None:
-                logits = self.ctx.logits_ith(-1)
-                token = sampler.sample_logits(logits_processor(self.input_ids[:self.n_tokens], logits.copy()))
-            else:
-                token = sampler.sample(ctx_ptr, -1)
-                logits = self.ctx.logits_ith(-1) if need_logits else None
-            if stopping_criteria is not None and logits is not None \
-                    and stopping_criteria(self.input_ids[:self.n_tokens], logits):
-                return
-            sent = yield token, logits
-            if sent:  # llama-cpp-python's generate: tokens sent are evaluated after this one
-                self.eval([token, *sent])
-            else:
-                self.eval_one(token)
+        drafts: list[int] = []  # proposed tokens evaluated after the last sampled one and not sampled yet
+        row = -1  # the output of the last decode to sample from
+        try:
+            while True:
+                ctx_ptr = self.ctx.ptr  # raises once the Llama is closed under a live stream
+                if self.n_tokens - len(drafts) >= self.n_ctx:
+                    return
+                logits: np.ndarray | None = None
+                if logits_processor is not None:
+                    logits = self.ctx.logits_ith(row)
+                    history = self.input_ids[:self.n_tokens - len(drafts)]
+                    token = sampler.sample_logits(logits_processor(history, logits.copy()))
+                else:
+                    token = sampler.sample(ctx_ptr, row)
+                    logits = self.ctx.logits_ith(row) if need_logits else None
+                if stopping_criteria is not None and logits is not None \
+                        and stopping_criteria(self.input_ids[:self.n_tokens - len(drafts)], logits):
+                    return
+                sent = yield token, logits
+                if drafts and not sent and token == drafts[0]:  # evaluated already: its outputs are the next row
+                    drafts.pop(0)
+                    row += 1
+                    continue
+                self._drop(drafts)
+                drafts, row = [], -1
+                if sent:  # llama-cpp-python's generate: tokens sent are evaluated after this one
+                    self.eval([token, *sent])
+                    continue
+                proposal = self._proposal(draft_model, token) if draft_model is not None else []
+                if proposal:
+                    self._eval_outputs([token, *proposal])
+                    drafts, row = proposal, 0
+                else:
+                    self.eval_one(token)
+        finally:  # left with proposals not sampled: as without a draft, only what was sampled stays evaluated
+            self._drop(drafts)
+
+    def _drop(self, drafts: list[int]) -> None:
+        """Remove the last ``len(drafts)`` evaluated tokens (proposals that were not sampled)."""
+        if drafts:
+            self.n_tokens -= len(drafts)
+            self.ctx.seq_rm(-1, self.n_tokens, -1)
+
+    def _proposal(self, draft_model: LlamaDraftModel, token: int) -> list[int]:
+        """What ``draft_model`` proposes after the evaluated tokens and ``token``, cut to what one batch and the
+        context hold."""
+        ids = np.append(self.input_ids[:self.n_tokens], np.intc(token)).astype(np.intc)
+        room = min(self.n_batch, self.n_ctx - self.n_tokens) - 1
+        if room <= 0:
+            return []
+        proposal = np.asarray(draft_model(ids), dtype=np.int64).reshape(-1)[:room]
+        if len(proposal) and (proposal.min() < 0 or proposal.max() >= self.n_vocab):
+            raise ValueError(f"the draft model proposed a token outside the vocabulary (0..{self.n_vocab - 1})")
+        return [int(t) for t in proposal]
+
+    def _eval_outputs(self, tokens: list[int]) -> None:
+        """One decode of ``tokens`` (at most a batch) with an output for each: a draft's verification."""
+        n, k = self.n_tokens, len(tokens)
+        self._check_room(k)
+        self.batch.set_tokens(tokens, n, True)
+        self.ctx.decode(self.batch)
+        self.input_ids[n:n + k] = tokens
+        if self.logits_all:
+            self.scores[n:n + k] = self.ctx.logits_rows(k)
+        self.n_tokens += k
 
     def eval_one(self, token: int) -> None:
         """The generation step: one token, one ``llama_decode``."""
@@ -365,7 +415,7 @@ class Completion:
         sampler = Sampler(vocab_ptr, session.n_vocab, req.sampling)
         try:
             steps = session.generate(sampler, want_logits=self.lp is not None, logits_processor=req.logits_processor,
-                                     stopping_criteria=req.stopping_criteria)
+                                     stopping_criteria=req.stopping_criteria, draft_model=self.llama.draft_model)
             for token, logits in steps:
                 if lib.llama_vocab_is_eog(vocab_ptr, token):
                     self.finish_reason = "stop"

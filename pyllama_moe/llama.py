@@ -147,8 +147,11 @@ class Llama:
         self._init_kwargs.update(kwargs)
         if kwargs:
             logger.warning("Llama: ignoring unknown keyword arguments %s", ", ".join(sorted(kwargs)))
-        if draft_model is not None or tokenizer is not None:
-            raise ValueError("draft_model and tokenizer are not supported by pyllama-moe; leave them None")
+        if tokenizer is not None:
+            raise ValueError("tokenizer is not supported by pyllama-moe; leave it None")
+        if draft_model is not None and not callable(draft_model):
+            raise ValueError(f"draft_model must be a LlamaDraftModel (a callable of the input ids), got {draft_model!r}")
+        self.draft_model = draft_model
         self.verbose = verbose
         if verbose:
             backend.show_log_on_stderr()
@@ -504,7 +507,7 @@ class Llama:
     def _generate(self, sampler: Sampler, logits_processor: Any,
                   stopping_criteria: Any) -> Generator[int, Sequence[int] | None, None]:
         steps = self._session.generate(sampler, logits_processor=logits_processor,
-                                       stopping_criteria=stopping_criteria)
+                                       stopping_criteria=stopping_criteria, draft_model=self.draft_model)
         try:
             sent = None
             while True:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +107,20 @@ class Vocab:
         return out
 
 
-class LlamaTokenizer:
+class BaseLlamaTokenizer(abc.ABC):
+    """llama-cpp-python's tokenizer interface: text bytes to token ids and back."""
+
+    @abc.abstractmethod
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        raise NotImplementedError
+
+
+class LlamaTokenizer(BaseLlamaTokenizer):
     """llama-cpp-python's ``LlamaTokenizer`` over a ``Llama`` (``Llama.tokenizer()``)."""
 
     def __init__(self, llama: Any) -> None:

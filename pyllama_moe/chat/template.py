@@ -20,12 +20,14 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyllama_moe.chat.handler import (
+    ChatFormatter,
     ChatFormatterResponse,
     LlamaChatCompletionHandler,
     chat_formatter_to_chat_completion_handler,
 )
 
-__all__ = ["Jinja2ChatFormatter", "compile_template", "raise_exception", "strftime_now", "tojson"]
+__all__ = ["Jinja2ChatFormatter", "compile_template", "hf_tokenizer_config_to_chat_completion_handler",
+           "hf_tokenizer_config_to_chat_formatter", "raise_exception", "strftime_now", "tojson"]
 
 
 def raise_exception(message: str) -> None:
@@ -117,3 +119,42 @@ class Jinja2ChatFormatter:
 
     def to_chat_handler(self) -> LlamaChatCompletionHandler:
         return chat_formatter_to_chat_completion_handler(self)
+
+
+def _token_text(token: Any) -> str:
+    """A special token of a Hugging Face ``tokenizer_config.json``: a string or ``{"content": ...}``."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else ""
+
+
+class _HFConfigFormatter:
+    """The chat formatter of a Hugging Face tokenizer config (:func:`hf_tokenizer_config_to_chat_formatter`)."""
+
+    def __init__(self, formatter: Jinja2ChatFormatter) -> None:
+        self.formatter = formatter
+
+    def __call__(self, *, messages: list[dict[str, Any]], **kwargs: Any) -> ChatFormatterResponse:
+        # as llama-cpp-python 0.3.36 renders it (its tests pin it): the messages and an empty assistant turn, so
+        # that a template without a generation prompt still ends where the answer starts
+        prompt = self.formatter.render([*messages, {"role": "assistant", "content": ""}], add_generation_prompt=False)
+        eos = self.formatter.eos_token
+        return ChatFormatterResponse(prompt=prompt, stop=[eos] if eos else None, added_special=True)
+
+
+def hf_tokenizer_config_to_chat_formatter(tokenizer_config: dict[str, Any],
+                                          add_generation_prompt: bool = True) -> ChatFormatter:
+    """A chat formatter from a Hugging Face ``tokenizer_config.json`` (as a dict): its ``chat_template``,
+    ``bos_token`` and ``eos_token``."""
+    if not isinstance(tokenizer_config, dict) or not isinstance(tokenizer_config.get("chat_template"), str):
+        raise ValueError("the tokenizer config has no chat_template string")
+    return _HFConfigFormatter(Jinja2ChatFormatter(
+        tokenizer_config["chat_template"], eos_token=_token_text(tokenizer_config.get("eos_token")),
+        bos_token=_token_text(tokenizer_config.get("bos_token")), add_generation_prompt=add_generation_prompt))
+
+
+def hf_tokenizer_config_to_chat_completion_handler(tokenizer_config: dict[str, Any],
+                                                   add_generation_prompt: bool = True) -> LlamaChatCompletionHandler:
+    """:func:`hf_tokenizer_config_to_chat_formatter` as a chat completion handler."""
+    return chat_formatter_to_chat_completion_handler(
+        hf_tokenizer_config_to_chat_formatter(tokenizer_config, add_generation_prompt))

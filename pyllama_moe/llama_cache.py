@@ -1,0 +1,7 @@
+"""llama-cpp-python's ``llama_cpp.llama_cache`` names: the prompt caches of ``Llama.set_cache``."""
+
+from __future__ import annotations
+
+from pyllama_moe.cache import BaseLlamaCache, LlamaCache, LlamaRAMCache
+
+__all__ = ["BaseLlamaCache", "LlamaCache", "LlamaRAMCache"]

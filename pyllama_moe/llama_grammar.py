@@ -1,0 +1,10 @@
+"""llama-cpp-python's ``llama_cpp.llama_grammar`` names: the grammar class and the JSON grammars."""
+
+from __future__ import annotations
+
+from pyllama_moe.chat.grammar import JSON_GBNF, json_schema_to_gbnf
+from pyllama_moe.sampler import LlamaGrammar
+
+LLAMA_GRAMMAR_DEFAULT_ROOT = "root"
+
+__all__ = ["JSON_GBNF", "LLAMA_GRAMMAR_DEFAULT_ROOT", "LlamaGrammar", "json_schema_to_gbnf"]

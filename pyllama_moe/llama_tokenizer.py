@@ -1,0 +1,7 @@
+"""llama-cpp-python's ``llama_cpp.llama_tokenizer`` names."""
+
+from __future__ import annotations
+
+from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer
+
+__all__ = ["BaseLlamaTokenizer", "LlamaTokenizer"]
