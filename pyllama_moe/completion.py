@@ -25,7 +25,7 @@ import numpy as np
 from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.context import Context
-from pyllama_moe.errors import check_decode
+from pyllama_moe.errors import ContextLengthError, check_decode
 from pyllama_moe.ffi import lib
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.llama_types import CompletionLogprobs, LogitsProcessorList, StoppingCriteriaList
@@ -76,7 +76,7 @@ class Session:
 
     def _check_room(self, n: int) -> None:
         if self.n_tokens + n > self.n_ctx:
-            raise ValueError(f"Requested tokens ({self.n_tokens + n}) exceed context window of {self.n_ctx}")
+            raise ContextLengthError(self.n_tokens + n, self.n_ctx)
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Decode ``tokens`` after the ones evaluated (in batches of n_batch)."""
@@ -357,7 +357,7 @@ def make_request(llama: Llama, prompt: str | Sequence[int], *, suffix: str | Non
     tokens = prompt_tokens(llama, prompt, suffix)
     n_ctx = llama._session.n_ctx
     if len(tokens) >= n_ctx:
-        raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
+        raise ContextLengthError(len(tokens), n_ctx)
     if max_tokens is None or max_tokens <= 0:
         max_tokens = n_ctx - len(tokens)
     max_tokens = min(int(max_tokens), n_ctx - len(tokens))

@@ -32,6 +32,16 @@ class ContextError(LlamaError):
     """A context could not be created (out of memory, bad parameters)."""
 
 
+class ContextLengthError(ValueError):
+    """A prompt does not fit the context: the ``ValueError`` llama-cpp-python raises, with the figures (the
+    server answers it as OpenAI does, ``context_length_exceeded``)."""
+
+    def __init__(self, n_requested: int, n_ctx: int) -> None:
+        super().__init__(f"Requested tokens ({n_requested}) exceed context window of {n_ctx}")
+        self.n_requested = n_requested
+        self.n_ctx = n_ctx
+
+
 class ClosedError(LlamaError):
     """An object was used after ``close()``."""
 

@@ -251,3 +251,53 @@ def test_request_limits(tiny: Path) -> None:
         assert _post(r, "/v1/chat/completions", ok).status_code == 200
     finally:
         r.stop()
+
+
+def _exchange(sock: socket.socket, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """One HTTP/1.1 request on a kept-alive socket and its JSON answer (the body read by its Content-Length)."""
+    import json
+
+    data = json.dumps(body).encode() if body is not None else b""
+    sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = sock.recv(65536)
+        assert got, "the server closed the connection"
+        buf += got
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    assert headers.get("connection", "").lower() != "close", lines
+    n = int(headers["content-length"])
+    while len(rest) < n:
+        got = sock.recv(65536)
+        assert got, "the server closed the connection"
+        rest += got
+    return int(lines[0].split()[1]), json.loads(rest[:n])
+
+
+def test_errors_are_openais_and_keep_the_connection(server: Running) -> None:
+    long_text = "word " * 1000  # more tokens than the 512 of the context
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        # embeddings from a model started without them: the client's mistake, said so
+        status, body = _exchange(sock, "POST", "/v1/embeddings", {"model": "tiny", "input": "hi"})
+        assert status == 400 and "embedding=True" in body["error"]["message"]
+        assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] is None
+        # a prompt over the context: OpenAI's code, with the parameter to shorten
+        status, body = _exchange(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": long_text})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert body["error"]["param"] == "prompt" and "maximum context length is 512 tokens" in body["error"]["message"]
+        status, body = _exchange(sock, "POST", "/v1/chat/completions",
+                                 {"model": "tiny", "messages": [{"role": "user", "content": long_text}]})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert body["error"]["param"] == "messages"
+        status, body = _exchange(sock, "POST", "/v1/completions", {"model": "nope", "prompt": "hi"})
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+        # the same connection still answers
+        status, body = _exchange(sock, "GET", "/v1/models")
+        assert status == 200 and {m["id"] for m in body["data"]} == {"tiny", "embed"}
+    # the openai client sees the code too
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().completions.create(model="tiny", prompt=long_text, max_tokens=4)
+    assert info.value.code == "context_length_exceeded"

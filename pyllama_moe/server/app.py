@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pyllama_moe.errors import ContextLengthError
 from pyllama_moe.server.model import ModelPool, ServedModel
 from pyllama_moe.server.settings import ModelSettings, ServerSettings
 
@@ -82,16 +83,23 @@ class DetokenizeRequest(_Request):
     tokens: list[int]
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
+def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+           param: str | None = None) -> JSONResponse:
+    """OpenAI's error object: ``message``, ``type``, ``param`` and ``code`` (a string where OpenAI has one)."""
+    return JSONResponse(status_code=status,
+                        content={"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
-def _error_of(e: BaseException) -> JSONResponse:
+def _error_of(e: BaseException, param: str | None = None) -> JSONResponse:
     """The OpenAI-shaped error for an exception of a request: a bad value is the client's (400), the rest ours."""
+    if isinstance(e, ContextLengthError):  # OpenAI's (and llama-cpp-python's) wording and code
+        return _error(400, f"This model's maximum context length is {e.n_ctx} tokens. However, you requested "
+                           f"{e.n_requested} tokens. Please reduce the length of the {param or 'prompt'}.",
+                      code="context_length_exceeded", param=param)
     if isinstance(e, PermissionError):
         return _error(401, str(e), "authentication_error")
     if isinstance(e, LookupError):
-        return _error(404, str(e).strip("'\""), "model_not_found")
+        return _error(404, str(e).strip("'\""), "invalid_request_error", code="model_not_found", param="model")
     if isinstance(e, ValueError):
         return _error(400, str(e))
     return _error(500, f"{type(e).__name__}: {e}", "server_error")
@@ -147,6 +155,13 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
     @app.exception_handler(Exception)
     async def _failed(_: Request, e: Exception) -> JSONResponse:
         return _error_of(e)
+
+    for handled in (ValueError, LookupError, PermissionError):
+        # answered by the app's own handler, not Starlette's last-resort one, which re-raises to the server
+        # after answering (a logged traceback, the keep-alive connection closed)
+        @app.exception_handler(handled)
+        async def _client_error(request: Request, e: Exception) -> JSONResponse:
+            return _error_of(e, "messages" if request.url.path.endswith("/chat/completions") else "prompt")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
