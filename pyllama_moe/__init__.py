@@ -21,7 +21,7 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [
-    "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaError", "LlamaGrammar",
+    "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaDiskCache", "LlamaError", "LlamaGrammar",
     "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError",
     "StoppingCriteriaList", "__version__", "data_file",
 ]
@@ -36,6 +36,7 @@ _LAZY = {
     "StoppingCriteriaList": "pyllama_moe.llama_types",
     "LlamaRAMCache": "pyllama_moe.cache",
     "LlamaCache": "pyllama_moe.cache",
+    "LlamaDiskCache": "pyllama_moe.cache",
     "LlamaTokenizer": "pyllama_moe.vocab",
     "LlamaError": "pyllama_moe.errors",
     "ModelLoadError": "pyllama_moe.errors",

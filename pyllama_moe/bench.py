@@ -145,7 +145,8 @@ PRISTINE = {"(pristine build)": "1"}
 DENSE_SHAPE: dict[str, Any] = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
 
 
-def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False, routing: str = "realistic") -> None:
+def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False,
+                routing: str = "realistic") -> None:
     """The bench's model of ``preset`` (with ``dense``: the preset as a dense qwen3, of DENSE_SHAPE for 30b-a3b), its
     routing regime ``routing`` (see ``synth``)."""
     from pyllama_moe import synth

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pyllama_moe.cache import BaseLlamaCache, LlamaCache, LlamaRAMCache
+from pyllama_moe.cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache
 
-__all__ = ["BaseLlamaCache", "LlamaCache", "LlamaRAMCache"]
+__all__ = ["BaseLlamaCache", "LlamaCache", "LlamaDiskCache", "LlamaRAMCache"]

@@ -468,8 +468,9 @@ def _routing_signs(routing: str, scale_signs: str, skew: float, shape: Shape) ->
 
 def _realistic_tensor(name: str) -> bool:
     """Whether the realistic routing writes (part of) tensor ``name`` (its router aside)."""
-    return name == "token_embd.weight" or name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight") \
-        or name.endswith((".attn_output.weight", ".ffn_down_exps.weight"))
+    recency_head = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
+    return name == "token_embd.weight" or name in recency_head or name.endswith((".attn_output.weight",
+                                                                                ".ffn_down_exps.weight"))
 
 
 def _check_skew(skew: float, shape: Shape) -> float:
@@ -1071,7 +1072,8 @@ def write_model(
     vocab-only GGUF whose ``tokenizer.*`` keys are copied (default :func:`default_vocab_path`).
     ``skew`` skews the routing and ``scale_signs`` sets the signs of the quantized blocks' scales
     (see the module docstring); ``routing`` picks a regime: ``collapsed``, ``uniform`` or ``realistic``
-    (see :func:`plan`); ``seed`` makes everything reproducible. The file is written to a temporary name beside ``path`` and renamed at the end. Bad arguments
+    (see :func:`plan`); ``seed`` makes everything reproducible. The file is written to a temporary name
+    beside ``path`` and renamed at the end. Bad arguments
     raise ValueError naming the parameter.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:

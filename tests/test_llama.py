@@ -405,3 +405,30 @@ def test_stderr_in_a_fresh_process(path: Path, verbose: bool) -> None:
         assert "model buffer size" in res.stderr
     else:
         assert res.stderr == ""
+
+
+def test_disk_cache_restores_a_longer_prefix_across_instances(llm: Llama, tmp_path: Path) -> None:
+    from pyllama_moe.llama_cache import LlamaDiskCache
+
+    expected = text(llm(PROMPT + " over the lazy dog", max_tokens=4, temperature=0))
+    cache = LlamaDiskCache(tmp_path / "states", capacity_bytes=1 << 30)
+    llm.set_cache(cache)
+    try:
+        llm.reset()
+        llm(PROMPT + " over the lazy dog", max_tokens=4, temperature=0)
+        assert cache.cache_size > 0 and len(list((tmp_path / "states").glob("*.state"))) == 1
+        # another instance (another process) finds it in the folder
+        again = LlamaDiskCache(tmp_path / "states", capacity_bytes=1 << 30)
+        assert tuple(llm.tokenize((PROMPT + " over").encode())) in again
+        llm.set_cache(again)
+        llm.reset()  # forgets the tokens; the cached state brings them back
+        assert text(llm(PROMPT + " over the lazy dog", max_tokens=4, temperature=0)) == expected
+        with pytest.raises(KeyError):
+            again[[10**6]]  # no shared prefix
+        small = LlamaDiskCache(tmp_path / "small", capacity_bytes=1)
+        small[[1, 2]] = llm.save_state()
+        assert small.cache_size == 0 and not list((tmp_path / "small").iterdir())  # over capacity: removed
+        (tmp_path / "states" / "junk.key").write_bytes(b"not a pickle")
+        assert len(LlamaDiskCache(tmp_path / "states")._keys) == 1  # a foreign file is skipped
+    finally:
+        llm.set_cache(None)

@@ -1,9 +1,10 @@
 """llama-cpp-python 0.3.36's own model-free tests, run against pyllama_moe through an import alias (#31).
 
-Its sdist is fetched from PyPI with pip (checked against a pinned sha256) into the user's cache once; only its ``tests/`` are
-used: ``test_llama_speculative.py``, ``test_llama_grammar.py`` and ``test_llama_chat_format.py`` run unchanged in a
-child pytest whose ``conftest.py`` makes ``import llama_cpp`` (and ``llama_cpp.<module>``) import pyllama_moe. Where
-PyPI cannot be reached the test skips, saying so (in CI it fails: CI installs from PyPI, so it can)."""
+Its sdist is fetched from PyPI with pip (checked against a pinned sha256) into the user's cache once. Only its
+``tests/`` are used: ``test_llama_speculative.py``, ``test_llama_grammar.py`` and ``test_llama_chat_format.py`` run
+unchanged in a child pytest whose ``conftest.py`` makes ``import llama_cpp`` (and ``llama_cpp.<module>``) import
+pyllama_moe. Where PyPI cannot be reached the test skips, saying so (in CI it fails: CI installs from PyPI, so it
+can)."""
 
 from __future__ import annotations
 
