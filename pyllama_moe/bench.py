@@ -160,7 +160,7 @@ def write_model(path: Path, preset: str, dense: bool = False, progress: bool = F
 def routing_regime(model: Path) -> str:
     """The routing regime a synthetic model was written with (``pyllama_moe.synth.routing``; files from before
     the key: ``collapsed`` with positive scales, else ``uniform`` or ``skew``), ``-`` for other models."""
-    from pyllama_moe import moe
+    from pyllama_moe import moe, synth
     from pyllama_moe.ffi import ffi, lib
 
     def get(key: str) -> str | None:
@@ -168,12 +168,12 @@ def routing_regime(model: Path) -> str:
         return None if k < 0 else ffi.string(lib.gguf_get_val_str(ctx, k)).decode()
 
     with moe.gguf_header(str(model).encode()) as ctx:
-        regime = get("pyllama_moe.synth.routing")
-        if regime is None and (signs := get("pyllama_moe.synth.scale_signs")) is not None:
-            k = lib.gguf_find_key(ctx, b"pyllama_moe.synth.skew")
-            skewed = k >= 0 and lib.gguf_get_val_f32(ctx, k) > 0
-            regime = "skew" if skewed else "collapsed" if signs == "positive" else "uniform"
-    return regime or "-"
+        routing, signs = get(synth.META_PREFIX + "routing"), get(synth.META_PREFIX + "scale_signs")
+        if routing is None and signs is None:
+            return "-"  # not a synthetic model
+        k = lib.gguf_find_key(ctx, (synth.META_PREFIX + "skew").encode())
+        skew = lib.gguf_get_val_f32(ctx, k) if k >= 0 else 0.0
+    return synth.regime_of(routing or "", skew, signs or "")
 
 
 @dataclasses.dataclass

@@ -139,9 +139,12 @@ class LlamaDiskCache(BaseLlamaCache):
                 f.write(data)
             os.replace(tmp, base.with_suffix(suffix))  # readers see a whole file or none
         self._keys[key] = base.with_suffix(".state")
-        by_age = sorted(self._keys.items(), key=lambda kv: kv[1].stat().st_mtime if kv[1].exists() else 0.0)
-        while self.cache_size > self.capacity_bytes and by_age:
-            old, path = by_age.pop(0)
-            self._keys.pop(old, None)
+        stats = {k: p.stat() for k, p in self._keys.items() if p.exists()}  # one stat per file for this store
+        size = sum(st.st_size for st in stats.values())
+        for old, st in sorted(stats.items(), key=lambda kv: kv[1].st_mtime):  # the least recently used first
+            if size <= self.capacity_bytes:
+                break
+            path = self._keys.pop(old)
             path.unlink(missing_ok=True)
             path.with_suffix(".key").unlink(missing_ok=True)
+            size -= st.st_size

@@ -85,15 +85,20 @@ class Session:
         self.ctx.seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(arr), self.n_batch):
             chunk = arr[i:i + self.n_batch]
-            n, k = self.n_tokens, len(chunk)
             # only the last batch needs an output (without logits_all): the batches before it compute no logits,
             # and llama.cpp seeds the MoE cache at their end only where the prompt starts
-            self.batch.set_tokens(chunk, n, self.logits_all, last_logits=i + k >= len(arr))
-            self.ctx.decode(self.batch)
-            self.input_ids[n:n + k] = chunk
-            if self.logits_all:
-                self.scores[n:n + k] = self.ctx.logits_rows(k)
-            self.n_tokens += k
+            self._decode(chunk, self.logits_all, last_output=i + len(chunk) >= len(arr))
+
+    def _decode(self, tokens: Sequence[int] | np.ndarray, all_outputs: bool, last_output: bool) -> None:
+        """One decode of at most a batch of tokens after the evaluated ones, kept in ``input_ids`` (and their
+        logits in ``scores`` with ``logits_all``)."""
+        n, k = self.n_tokens, len(tokens)
+        self.batch.set_tokens(tokens, n, all_outputs, last_logits=last_output)
+        self.ctx.decode(self.batch)
+        self.input_ids[n:n + k] = tokens
+        if self.logits_all:
+            self.scores[n:n + k] = self.ctx.logits_rows(k)
+        self.n_tokens += k
 
     def prepare(self, tokens: Sequence[int], reset: bool = True) -> None:
         """Evaluate a prompt, keeping the longest prefix already in the context (its KV cache)."""
@@ -132,18 +137,18 @@ class Session:
         try:
             while True:
                 ctx_ptr = self.ctx.ptr  # raises once the Llama is closed under a live stream
-                if self.n_tokens - len(drafts) >= self.n_ctx:
+                done = self.n_tokens - len(drafts)  # the tokens sampled (or given) so far
+                if done >= self.n_ctx:
                     return
                 logits: np.ndarray | None = None
                 if logits_processor is not None:
                     logits = self.ctx.logits_ith(row)
-                    history = self.input_ids[:self.n_tokens - len(drafts)]
-                    token = sampler.sample_logits(logits_processor(history, logits.copy()))
+                    token = sampler.sample_logits(logits_processor(self.input_ids[:done], logits.copy()))
                 else:
                     token = sampler.sample(ctx_ptr, row)
                     logits = self.ctx.logits_ith(row) if need_logits else None
                 if stopping_criteria is not None and logits is not None \
-                        and stopping_criteria(self.input_ids[:self.n_tokens - len(drafts)], logits):
+                        and stopping_criteria(self.input_ids[:done], logits):
                     return
                 sent = yield token, logits
                 if drafts and not sent and token == drafts[0]:  # evaluated already: its outputs are the next row
@@ -184,14 +189,8 @@ class Session:
 
     def _eval_outputs(self, tokens: list[int]) -> None:
         """One decode of ``tokens`` (at most a batch) with an output for each: a draft's verification."""
-        n, k = self.n_tokens, len(tokens)
-        self._check_room(k)
-        self.batch.set_tokens(tokens, n, True)
-        self.ctx.decode(self.batch)
-        self.input_ids[n:n + k] = tokens
-        if self.logits_all:
-            self.scores[n:n + k] = self.ctx.logits_rows(k)
-        self.n_tokens += k
+        self._check_room(len(tokens))
+        self._decode(tokens, True, True)
 
     def eval_one(self, token: int) -> None:
         """The generation step: one token, one ``llama_decode``."""

@@ -384,12 +384,8 @@ class Plan:
 
     @property
     def regime(self) -> str:
-        """The routing regime: ``realistic``, ``skew``, ``collapsed`` (positive scales) or ``uniform``."""
-        if self.routing:
-            return self.routing
-        if self.skew > 0:
-            return "skew"
-        return "collapsed" if self.scale_signs == "positive" else "uniform"
+        """The routing regime (:func:`regime_of`)."""
+        return regime_of(self.routing, self.skew, self.scale_signs)
 
     def by_name(self) -> dict[str, TensorPlan]:
         """The tensors keyed by name."""
@@ -398,6 +394,16 @@ class Plan:
     def rows(self) -> list[tuple[str, tuple[int, ...], str]]:
         """``(name, ggml shape, type name)`` of every tensor."""
         return [(t.name, t.shape, t.type.name) for t in self.tensors]
+
+
+def regime_of(routing: str, skew: float, scale_signs: str) -> str:
+    """A model's routing regime: ``realistic`` (``routing``), else ``skew``, ``collapsed`` (positive scales) or
+    ``uniform``, as ``skew`` and ``scale_signs`` say (also for files written before the ``routing`` key)."""
+    if routing:
+        return routing
+    if skew > 0:
+        return "skew"
+    return "collapsed" if scale_signs == "positive" else "uniform"
 
 
 def _pad(n: int, align: int = GGUF_ALIGNMENT) -> int:
@@ -719,7 +725,7 @@ def _prepare_routing(p: Plan, seed: int) -> synth_routing.Routing | None:
     s = p.shape
     lay = synth_routing.layout(s.n_embd, s.head_dim, s.n_expert, s.n_layer, s.rope_freq_base)
     # the embedding: DENSE_STD noise outside the subspace, the constant and a token vector in it
-    rho0 = math.sqrt((DENSE_STD**2 * lay.start + synth_routing.C_MAG**2 + synth_routing.T_MAG**2) / s.n_embd)
+    rho0 = math.sqrt((DENSE_STD**2 * lay.c + synth_routing.C_MAG**2 + synth_routing.T_MAG**2) / s.n_embd)
     rms = tuple(math.sqrt(r * r - DENSE_STD**2 + rho0**2) for r in _residual_rms(s))
     # what a layer's experts write into each dimension of its bank, with this layer's (not random) router logits
     new = tuple(math.sqrt(lay.d_new * _moe_mean_square(s, _topk_weight_sq(s, synth_routing.logit_std(il, s.n_layer))))
@@ -737,21 +743,21 @@ def _realistic_chunk(t: TensorPlan, seed: int, chunk: int, r: synth_routing.Rout
         per_row = n_row // t.type.block_size if t.type.quantized else n_row
         first = chunk * (_CHUNK_BLOCKS if t.type.quantized else _CHUNK_ELEMENTS)
         dim = (first + np.arange(len(out), dtype=np.int64)) // per_row % t.shape[1]
-        out[(dim >= lay.start) & ((dim < bank.start) | (dim >= bank.stop))] = 0  # q4_0/q8_0: a zero block, scale 0
+        out[(dim >= lay.c) & ((dim < bank.start) | (dim >= bank.stop))] = 0  # q4_0/q8_0: a zero block, scale 0
         return out
     first = chunk * _CHUNK_ELEMENTS
     idx = first + np.arange(len(out), dtype=np.int64)
     rows, cols = idx // n_row, idx % n_row
     values = out.astype(np.float32)
     if t.name == "token_embd.weight":  # rows are tokens: the constant, the token's vector, no context
-        sub = cols >= lay.start
+        sub = cols >= lay.c
         uniq, inv = np.unique(rows[sub], return_inverse=True)
-        vec = np.zeros((len(uniq), lay.n_embd - lay.start), dtype=np.float32)
+        vec = np.zeros((len(uniq), lay.n_embd - lay.c), dtype=np.float32)
         vec[:, 0] = synth_routing.C_MAG
         vec[:, 1: 1 + lay.d_tok] = r.token_vectors(uniq)
-        values[sub] = vec[inv, cols[sub] - lay.start]
+        values[sub] = vec[inv, cols[sub] - lay.c]
     elif t.name.endswith(".attn_output.weight"):  # rows are the residual's dimensions
-        sub = rows >= lay.start
+        sub = rows >= lay.c
         values[sub] = 0.0
         if t.name.startswith("blk.0."):  # the recency head (head 0) writes the context dimensions
             ctx = (rows >= lay.ctx.start) & (rows < lay.ctx.stop) & (cols < lay.head_dim)
@@ -774,7 +780,7 @@ def _layer_of(name: str) -> int:
 
 
 def _special_values(t: TensorPlan, seed: int, skew: _Skew | None,
-                    routing: synth_routing.Routing | None = None) -> npt.NDArray[np.float32]:
+                    routing: synth_routing.Routing | None) -> npt.NDArray[np.float32]:
     """Values of a router, router bias or skew value bias, in numpy order."""
     il = _layer_of(t.name)
     if routing is not None:
@@ -995,7 +1001,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
 _Job = tuple[int, Callable[[], npt.NDArray[Any]]]
 
 
-def _jobs(p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing | None = None) -> Iterator[_Job]:
+def _jobs(p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing | None) -> Iterator[_Job]:
     """``(tensor index, chunk producer)`` for every chunk of every tensor, in file order."""
     for i, t in enumerate(p.tensors):
         if t.init == "ones":
@@ -1011,8 +1017,8 @@ def _jobs(p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing
                 yield i, functools.partial(_normal_chunk, t, seed, c)
 
 
-def _write_data(fout: BinaryIO, p: Plan, seed: int, skew: _Skew | None, threads: int,
-                on_bytes: Callable[[int], None], routing: synth_routing.Routing | None = None) -> None:
+def _write_data(fout: BinaryIO, p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing | None,
+                threads: int, on_bytes: Callable[[int], None]) -> None:
     """Write the data section: chunks made by ``threads`` workers, written in order, padded."""
     fout.write(b"\0" * (_pad(fout.tell()) - fout.tell()))
     written = [0] * len(p.tensors)
@@ -1084,11 +1090,12 @@ def write_model(
     vocab = _load_vocab(Path(vocab_path) if vocab_path is not None else default_vocab_path())
     p = plan(preset, arch=arch, expert_type=expert_type, dense_type=dense_type, skew=skew,
              n_vocab=vocab.n_tokens, scale_signs=scale_signs, routing=routing, **shape_overrides)
-    skew_data = _prepare_skew(p, seed)
+    skew_data, routing_data = _prepare_skew(p, seed), _prepare_routing(p, seed)
     out = Path(path)
     tmp = out.with_name(out.name + ".partial")
     try:
-        _write_file(tmp, p, vocab, preset, seed, skew_data, threads or min(os.cpu_count() or 1, 16), progress)
+        _write_file(tmp, p, vocab, preset, seed, skew_data, routing_data, threads or min(os.cpu_count() or 1, 16),
+                    progress)
         os.replace(tmp, out)
     finally:
         if tmp.exists():
@@ -1097,7 +1104,7 @@ def write_model(
 
 
 def _write_file(tmp: Path, p: Plan, vocab: _Vocab, preset: str, seed: int, skew: _Skew | None,
-                threads: int, progress: bool) -> None:
+                routing: synth_routing.Routing | None, threads: int, progress: bool) -> None:
     """Header, metadata, tensor infos (through GGUFWriter), then the streamed data."""
     gguf = _gguf()
     writer = gguf.GGUFWriter(None, p.shape.arch)
@@ -1111,8 +1118,8 @@ def _write_file(tmp: Path, p: Plan, vocab: _Vocab, preset: str, seed: int, skew:
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         assert writer.fout is not None and len(writer.fout) == 1
-        _write_data(writer.fout[0], p, seed, skew, threads, bar.update if bar is not None else (lambda n: None),
-                    _prepare_routing(p, seed))
+        _write_data(writer.fout[0], p, seed, skew, routing, threads,
+                    bar.update if bar is not None else (lambda n: None))
         writer.fout[0].flush()
     finally:
         writer.close()

@@ -62,8 +62,8 @@ class Layout:
     d_tok: int
     d_ctx: int
     pairs: tuple[int, ...]
-    n_bank: int = 0  # banks of new information (n_layer - 1)
-    d_new: int = 0  # dimensions per bank
+    n_bank: int  # banks of new information (n_layer - 1)
+    d_new: int  # dimensions per bank
 
     @property
     def size(self) -> int:
@@ -72,7 +72,7 @@ class Layout:
 
     @property
     def c(self) -> int:
-        """The constant dimension."""
+        """The constant dimension, the subspace's first."""
         return self.n_embd - self.size
 
     @property
@@ -88,10 +88,10 @@ class Layout:
         first = self.ctx.stop + il * self.d_new
         return slice(first, first + self.d_new)
 
-    @property
-    def start(self) -> int:
-        """The first dimension of the subspace (the constant one)."""
-        return self.c
+
+def _theta(head_dim: int, rope_freq_base: float) -> npt.NDArray[np.float64]:
+    """RoPE's angle per token of each rotary pair."""
+    return np.asarray(rope_freq_base ** (-2.0 * np.arange(head_dim // 2) / head_dim), dtype=np.float64)
 
 
 def layout(n_embd: int, head_dim: int, n_expert: int, n_layer: int, rope_freq_base: float) -> Layout:
@@ -99,16 +99,16 @@ def layout(n_embd: int, head_dim: int, n_expert: int, n_layer: int, rope_freq_ba
     with banks of 8 dimensions where they fit, else of 4, 2 or 1)."""
     d_tok = max(head_dim, min(2 * n_expert, n_embd // 8))
     n_bank = n_layer - 1
-    d_new = next((d for d in (8, 4, 2, 1) if 4 * (1 + d_tok + head_dim + n_bank * d) <= 3 * n_embd), 0)
-    size = 1 + d_tok + head_dim + n_bank * max(d_new, 1)
-    if not d_new:
-        raise ValueError(f"realistic routing needs n_embd >= {-(-4 * size // 3)} for head_dim {head_dim}, "
-                         f"{n_expert} experts and {n_layer} layers, got {n_embd}")
-    theta = rope_freq_base ** (-2.0 * np.arange(head_dim // 2) / head_dim)
+    theta = _theta(head_dim, rope_freq_base)
     pairs = tuple(int(p) for p in np.flatnonzero((theta >= WINDOW_THETA[0]) & (theta <= WINDOW_THETA[1])))
     if not pairs:  # a shape whose frequencies skip the window: the nearest one
         pairs = (int(np.argmin(np.abs(np.log(theta / math.sqrt(WINDOW_THETA[0] * WINDOW_THETA[1]))))),)
-    return Layout(n_embd, head_dim, d_tok, head_dim, pairs, n_bank, d_new)
+    for d_new in (8, 4, 2, 1):
+        lay = Layout(n_embd, head_dim, d_tok, head_dim, pairs, n_bank, d_new)
+        if 4 * lay.size <= 3 * n_embd:
+            return lay
+    raise ValueError(f"realistic routing needs n_embd >= {-(-4 * lay.size // 3)} for head_dim {head_dim}, "
+                     f"{n_expert} experts and {n_layer} layers, got {n_embd}")
 
 
 def strengths(il: int, n_layer: int) -> tuple[float, float]:
@@ -130,7 +130,7 @@ def recency_query(lay: Layout) -> npt.NDArray[np.float32]:
 def window_weights(lay: Layout, rope_freq_base: float, n: int = 512) -> npt.NDArray[np.float64]:
     """The recency head's attention weights over the ``n`` most recent tokens (the newest first), as llama.cpp
     computes them: normalised query and key of RMS 1, scaled by ``1 / sqrt(head_dim)``."""
-    theta = rope_freq_base ** (-2.0 * np.arange(lay.head_dim // 2) / lay.head_dim)
+    theta = _theta(lay.head_dim, rope_freq_base)
     q = recency_query(lay).astype(np.float64) * math.sqrt(lay.head_dim)
     energy = q[: lay.head_dim // 2] ** 2 + q[lay.head_dim // 2:] ** 2
     dist = np.arange(n)

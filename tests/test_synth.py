@@ -642,18 +642,18 @@ def test_realistic_weights_route_through_their_subspace(small_vocab: Path, tmp_p
     assert len({tuple(np.round(r, 3)) for r in emb[:50, lay.tok]}) == 50  # a vector per token
     for il in range(3):
         router = values(got[f"blk.{il}.ffn_gate_inp.weight"])
-        assert np.all(router[:, : lay.start] == 0)  # selection reads the subspace only
+        assert np.all(router[:, : lay.c] == 0)  # selection reads the subspace only
         banks = router[:, lay.bank(0).start:]
         assert np.any(banks != 0) == (il > 0)  # layer il reads what layer il - 1's experts wrote
         down = values(got[f"blk.{il}.ffn_down_exps.weight"])  # [n_expert, n_embd, n_ff_exp]
-        written = np.flatnonzero(np.any(down != 0, axis=(0, 2))[lay.start:]) + lay.start
+        written = np.flatnonzero(np.any(down != 0, axis=(0, 2))[lay.c:]) + lay.c
         want = list(range(lay.bank(il).start, lay.bank(il).stop)) if il < lay.n_bank else []
         assert written.tolist() == want
         out = values(got[f"blk.{il}.attn_output.weight"])  # [n_embd, n_q]
         if il:
-            assert np.all(out[lay.start:] == 0)
+            assert np.all(out[lay.c:] == 0)
         else:  # only the recency head (head 0) writes the context dimensions
-            assert np.all(out[lay.start: lay.ctx.start] == 0) and np.all(out[lay.ctx.stop:] == 0)
+            assert np.all(out[lay.c: lay.ctx.start] == 0) and np.all(out[lay.ctx.stop:] == 0)
             assert np.all(out[lay.ctx, TINY.head_dim:] == 0) and np.any(out[lay.ctx, : TINY.head_dim] != 0)
     # the recency head's query and key: the constant dimension only, on the window's rotary pairs
     for name in ("attn_q", "attn_k"):
