@@ -16,27 +16,51 @@
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
 # PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
 # Needs no network: the build uses the installed scikit-build-core and cffi.
+# One function per mode, dispatched at the end; wheel and pristine make their own builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUILD_DIR=${PYLLAMA_MOE_BUILD_DIR:-/tmp/build}
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+routing=${PYLLAMA_MOE_BENCH_ROUTING:-realistic}
+model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b-$routing.gguf}
+dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
 
-if [ "${1:-}" = wheel ]; then
-    shift
+build() {  # the patched tree, then the package and upstream's native test programs into $BUILD_DIR
+    if [ -n "${PYLLAMA_MOE_NO_BUILD:-}" ]; then
+        return 0
+    fi
+    "$PY" scripts/vendor.py apply
+    local start
+    start=$(date +%s)
+    "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
+        -C build-dir="$BUILD_DIR" -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON .
+    echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
+}
+
+has_cuda_runtime() {  # has_cuda_runtime DIR: DIR holds a libcudart or a libcublas
+    local f
+    for f in "$1"/libcudart* "$1"/libcublas*; do
+        [ -e "$f" ] && return 0
+    done
+    return 1
+}
+
+wheel() {
     # the CUDA wheel (ci/wheel.sh cuda) in a fresh venv holding only it and its dependencies, the GPU tests
     # run there with the CUDA toolkit hidden: the libraries must come from the driver and the nvidia-* packages
-    work=${PYLLAMA_MOE_WHEEL_WORK:-/tmp/wheel}
-    venv_py="$work/venv/bin/python"
+    local work=${PYLLAMA_MOE_WHEEL_WORK:-/tmp/wheel}
+    local venv_py="$work/venv/bin/python"
     if [ -z "${PYLLAMA_MOE_NO_BUILD:-}" ]; then  # else: the tests again in the venv made before
         rm -rf "$work/dist" "$work/venv"
         PYLLAMA_MOE_WHEEL_OUT="$work/dist" PYLLAMA_MOE_NATIVE_TESTS_DIR="$work/native" PYLLAMA_MOE_BUILD_DIR="$BUILD_DIR-wheel" \
             PYLLAMA_MOE_CUDA_ARCHS=${PYLLAMA_MOE_CUDA_ARCHS:-90} bash ci/wheel.sh cuda --no-build-isolation
+        local whl
         whl=$(ls "$work"/dist/pyllama_moe-*.whl)
         # no PyPI here: the dependencies are wheels of the installed copies, or carried in .whl
         "$PY" -m scripts.wheels_from_site --out "$work/deps" --have .whl --requires-of "$whl" pytest pyyaml requests tqdm >/dev/null
-        pip=("$venv_py" -m pip)
+        local pip=("$venv_py" -m pip)
         if ! "$PY" -m venv "$work/venv"; then  # a Python without ensurepip: the outer pip installs into the venv
             "$PY" -m venv --clear --without-pip "$work/venv"
             pip=("$PY" -m pip --python "$venv_py")
@@ -45,77 +69,80 @@ if [ "${1:-}" = wheel ]; then
             "$whl" pytest gguf
         "${pip[@]}" list --disable-pip-version-check
     fi
+    local site
     site=$("$venv_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     ln -sfn "$site/nvidia" "$work/native/nvidia"  # the test programs' libggml-cuda finds them as the wheel's does
     # the toolkit (nvcc, its libcudart and cuBLAS) out of reach: a tmpfs over its folder in a mount namespace
     # of this command only; no LD_LIBRARY_PATH entry with a CUDA runtime, no toolkit on PATH
+    local toolkit ld
     toolkit=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
     ld=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | while read -r d; do
-        [ -n "$d" ] && ! ls "$d" 2>/dev/null | grep -q -E '^libcu(dart|blas)' && printf '%s:' "$d"; done || true)
+        [ -n "$d" ] && ! has_cuda_runtime "$d" && printf '%s:' "$d"; done || true)
     export PYLLAMA_MOE_NATIVE_BIN="$work/native/pyllama_moe/bin" LD_LIBRARY_PATH="${ld%:}" PATH="$work/venv/bin:/usr/bin:/bin"
-    ns="unshare -m" hide="mount -t tmpfs none $toolkit && echo \"gpu.sh: $toolkit hidden\" && "
+    local ns="unshare -m" hide="mount -t tmpfs none $toolkit && echo \"gpu.sh: $toolkit hidden\" && "
     unshare -m true 2>/dev/null || { ns="" hide=""; echo "gpu.sh: cannot hide $toolkit (no mount namespace)"; }
     cd tests
     $ns bash -c "$hide\"\$0\" ../ci/cuda_libs.py \"$site\" && \"\$0\" -m pytest -ra -p no:cacheprovider -m gpu . \"\$@\"" \
         "$venv_py" "$@"
-    exit $?
-fi
-if [ "${1:-}" = pristine ]; then
+}
+
+pristine() {
     # upstream's own llama-bench and llama-batched-bench: the pinned tree without our patches (the vendored
     # repository's upstream tag), built as ../shared/reference/baseline-h200.md says, for bench --pristine
-    out=${PYLLAMA_MOE_PRISTINE_BUILD:-/tmp/pristine}
+    local out=${PYLLAMA_MOE_PRISTINE_BUILD:-/tmp/pristine}
     "$PY" scripts/vendor.py apply
     rm -rf "$out/src" && mkdir -p "$out/src"
     git -C vendor/llama.cpp archive upstream | tar -x -C "$out/src"
+    local start
     start=$(date +%s)
     # shellcheck disable=SC2086  # the extra arguments are words
     cmake -S ci/pristine -B "$out/build" -G Ninja -DLLAMA_DIR="$out/src" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         ${PYLLAMA_MOE_PRISTINE_CMAKE_ARGS:--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90} >/dev/null
     cmake --build "$out/build" --target llama-bench llama-batched-bench -j "$CMAKE_BUILD_PARALLEL_LEVEL"
     echo "gpu.sh: pristine tools built in $(( $(date +%s) - start )) s: bench --pristine $out/build"
-    exit 0
-fi
-if [ -z "${PYLLAMA_MOE_NO_BUILD:-}" ]; then
-    "$PY" scripts/vendor.py apply
-    start=$(date +%s)
-    "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
-        -C build-dir="$BUILD_DIR" -C cmake.define.PYLLAMA_MOE_NATIVE_TESTS=ON .
-    echo "gpu.sh: build + install took $(( $(date +%s) - start )) s (build folder $BUILD_DIR)"
-fi
-
-[ "${1:-}" = build ] && exit 0
-routing=${PYLLAMA_MOE_BENCH_ROUTING:-realistic}
-model=${PYLLAMA_MOE_BENCH_MODEL:-/tmp/30b-a3b-$routing.gguf}
-dense=${PYLLAMA_MOE_BENCH_DENSE:-/tmp/dense.gguf}
-make_models() {  # after the build: the writer takes its tokenizer from the vendored tree
-    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b --routing "$routing" -q
-    # the bench's dense model (bench.DENSE_SHAPE)
-    [ -f "$dense" ] || "$PY" -c 'import sys; from pyllama_moe import bench; bench.write_model(sys.argv[1], "30b-a3b", dense=True)' "$dense"
 }
-if [ "${1:-}" = models ]; then
-    make_models
-    exit 0
-fi
-if [ "${1:-}" = sanitize ]; then
+
+models() {  # after the build: the writer takes its tokenizer from the vendored tree
+    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b --routing "$routing" -q
+    # the bench's dense model: the preset as a dense qwen3 of the bench's DENSE_SHAPE (a Qwen3-8B-like shape)
+    [ -f "$dense" ] || "$PY" -m pyllama_moe synth "$dense" --preset 30b-a3b --arch qwen3 \
+        --n-layer 36 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 12288 -q
+}
+
+sanitize() {
     # the device lookup, the prefetch and the seed under compute-sanitizer: plain CLOCK with the prefetch uploading
     # every expert, then the admission policy with the prefetch through the cache (the defaults); seeds checked
     export GGML_SCHED_PREFETCH_MIN_BATCH=1
+    local opt arch
     for opt in 0 1; do
         for arch in qwen3moe gpt-oss; do
             LLAMA_MOE_CACHE_ADMIT=$opt LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_SEED_CHECK=1 \
                 compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
     done
-    exit 0
-fi
-start=$(date +%s)
-if [ "${1:-}" = bench ]; then
-    shift
-    out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
+}
+
+bench() {  # the bench writes the models itself where they are absent
+    local start out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
+    start=$(date +%s)
     "$PY" -m pyllama_moe bench "$model" --dense "$dense" --preset 30b-a3b --routing "$routing" --json "$out/bench.json" \
         "$@" | tee "$out/bench.md"
     echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
-else
+}
+
+tests() {  # the GPU-marked tests, with the arguments for pytest
+    local start
+    start=$(date +%s)
     "$PY" -m pytest -ra -p no:cacheprovider -m gpu tests "$@"
     echo "gpu.sh: GPU tests took $(( $(date +%s) - start )) s"
-fi
+}
+
+case "${1:-}" in
+    wheel)    shift; wheel "$@" ;;
+    pristine) pristine ;;
+    build)    build ;;
+    models)   build; models ;;
+    sanitize) build; sanitize ;;
+    bench)    shift; build; bench "$@" ;;
+    *)        build; tests "$@" ;;
+esac

@@ -3,7 +3,7 @@
 # interpreter, every tool goes into a fresh virtual environment, every build has pip's build isolation.
 #   1. the README's set-up command, verbatim from README.md, in a fresh venv from the checkout's root
 #   2. the CPU wheel (ci/wheel.sh cpu) built with a fresh venv's pip, with upstream's native test programs beside it
-#   3. the wheel and its test dependencies in another fresh venv: the series round trip, mypy, the tests
+#   3. the wheel and its test dependencies in another fresh venv: the series round trip, mypy, ruff, the tests
 # Arguments go to pytest; CMAKE_ARGS adds CMake options to the builds; PYTHON names the interpreter (python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,19 +40,13 @@ VPY="$tmp/venv/bin/python"
 "$VPY" -m pip install --disable-pip-version-check -q "$(ls "$tmp"/dist/pyllama_moe-*.whl)[test]"
 
 step "patch series round trip (export reproduces patches/ byte for byte)"
-"$VPY" - "$tmp/series" <<'PY'
-import sys
-from pathlib import Path
-from scripts import vendor
-out = Path(sys.argv[1])
-out.mkdir()
-lay = vendor.Layout(vendor.Pin.load(vendor.DEFAULT_PIN), out, vendor.DEFAULT_DEST, vendor.DEFAULT_CACHE, quiet=True)
-vendor.export(lay, stamp=False)
-PY
-diff -r patches "$tmp/series" || { echo "patches/ differs from an export of vendor/llama.cpp"; exit 1; }
+"$VPY" scripts/vendor.py roundtrip "$tmp/series"
 
 step "types (mypy, pyproject.toml's [tool.mypy])"
 "$VPY" -m mypy
+
+step "lint (ruff, pyproject.toml's [tool.ruff])"
+"$VPY" -m ruff check .
 
 step "tests"
 # as upstream's CI: a scheduler that reallocates a graph whose size did not change aborts (patch 0004's reserve)

@@ -1,10 +1,11 @@
 """Make vendor/llama.cpp from the upstream pin and the patch series.
 
-    python scripts/vendor.py apply          # idempotent; fast when nothing changed
-    python scripts/vendor.py export         # patches/ from the commits above `upstream`
-    python scripts/vendor.py check          # tree == upstream + patches/series
-    python scripts/vendor.py fetch          # only download and verify the sdist
-    python scripts/vendor.py series-hash    # short hash of the series (the build reports it)
+    python scripts/vendor.py apply            # idempotent; fast when nothing changed
+    python scripts/vendor.py export           # patches/ from the commits above `upstream`
+    python scripts/vendor.py check            # tree == upstream + patches/series
+    python scripts/vendor.py roundtrip [DIR]  # an export of the tree (into DIR) == patches/, byte for byte
+    python scripts/vendor.py fetch            # only download and verify the sdist
+    python scripts/vendor.py series-hash      # short hash of the series (the build reports it)
 
 Also runnable as ``python -m scripts.vendor``. The upstream tree comes from the PyPI sdist named in
 vendor/upstream.toml (sha256-checked, cached in vendor/.cache or $PYLLAMA_MOE_SDIST_CACHE); the
@@ -371,6 +372,32 @@ def export(lay: Layout, stamp: bool = True) -> list[str]:
     return names
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def roundtrip(lay: Layout, out: Path) -> list[str]:
+    """Export the tree's series into ``out`` (absent or empty) and compare it with lay.patches byte for byte.
+
+    Returns the files that differ, each with how (``differs``, ``only in patches/``, ``only in the export``);
+    an empty list when re-exporting the series gives no diff. Neither lay.patches nor the tree's stamp changes.
+    """
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise VendorError(f"{out} is not an empty folder: the round trip exports into a folder of its own")
+    out.mkdir(parents=True, exist_ok=True)
+    export(dataclasses.replace(lay, patches=out), stamp=False)
+    have, made = _files(lay.patches), _files(out)
+    diffs = []
+    for name in sorted(have.keys() | made.keys()):
+        if name not in made:
+            diffs.append(f"{name} (only in {lay.patches.name}/)")
+        elif name not in have:
+            diffs.append(f"{name} (only in the export)")
+        elif have[name] != made[name]:
+            diffs.append(f"{name} (differs)")
+    return diffs
+
+
 def check(lay: Layout) -> None:
     """Raise unless the tree is exactly upstream + series, with no uncommitted edits."""
     repo = lay.dest
@@ -396,8 +423,11 @@ def check(lay: Layout) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="vendor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["apply", "export", "check", "fetch", "series-hash"])
+    ap = argparse.ArgumentParser(prog="vendor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["apply", "export", "check", "roundtrip", "fetch", "series-hash"])
+    ap.add_argument("dir", nargs="?", type=Path,
+                    help="roundtrip: the empty folder to export into and keep (default: a temporary one)")
     ap.add_argument("--force", action="store_true", help="apply: throw away local changes in the tree")
     ap.add_argument("--allow-local", action="store_true",
                     help="apply: leave local changes that are not exported yet and build them (the build's call)")
@@ -407,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("PYLLAMA_MOE_SDIST_CACHE", DEFAULT_CACHE)))
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.dir is not None and args.command != "roundtrip":
+        ap.error(f"{args.command} takes no folder")
     try:
         lay = Layout(Pin.load(args.pin), args.patches.resolve(), args.dest.resolve(), args.cache.resolve(), args.quiet)
         if args.command == "apply":
@@ -416,6 +448,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "check":
             check(lay)
             lay.log("tree == upstream + patches/series")
+        elif args.command == "roundtrip":
+            if args.dir is not None:
+                diffs = roundtrip(lay, args.dir.resolve())
+            else:
+                with tempfile.TemporaryDirectory(prefix="vendor-roundtrip-") as tmp:
+                    diffs = roundtrip(lay, Path(tmp))
+            if diffs:
+                print(f"vendor: error: an export of {lay.dest} differs from {lay.patches}:", file=sys.stderr)
+                for d in diffs:
+                    print(f"  {d}", file=sys.stderr)
+                return 1
+            lay.log(f"round trip: an export of the tree == {lay.patches}")
         elif args.command == "fetch":
             print(fetch(lay))
         else:
