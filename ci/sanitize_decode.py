@@ -7,8 +7,8 @@ import os
 import sys
 import tempfile
 
-from pyllama_moe import synth
 from pyllama_moe.llama import Llama
+from pyllama_moe.tools import synth
 
 
 def main() -> int:

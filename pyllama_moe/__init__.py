@@ -1,4 +1,5 @@
-"""pyllama-moe: llama-cpp-python's ``Llama`` over a patched llama.cpp, fast for MoE models with experts in host memory."""
+"""pyllama-moe: llama-cpp-python's ``Llama`` over a patched llama.cpp, fast for MoE models with experts in host
+memory."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ __version__ = _version()
 __all__ = [
     "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaDiskCache", "LlamaError", "LlamaGrammar",
     "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError",
-    "StoppingCriteriaList", "__version__", "data_file",
+    "StoppingCriteriaList", "__version__", "bin_file", "data_file",
 ]
 
 # llama-cpp-python's public names, imported on first use (``import pyllama_moe`` stays cheap and
@@ -72,17 +73,11 @@ def _use_installed_native_parts() -> None:
     directory comes first on sys.path), which has no compiled module, libraries or data: those are
     then taken from the installed copy of the package, as an editable install would.
     """
-    here = Path(__file__).resolve().parent
-    if any(here.glob("_cffi.*")):
-        return
-    try:
-        from importlib.metadata import PackageNotFoundError, distribution
+    from pyllama_moe._resources import installed_copy
 
-        installed = Path(str(distribution("pyllama-moe").locate_file("pyllama_moe"))).resolve()
-    except (PackageNotFoundError, OSError):
-        return
-    if installed != here and installed.is_dir():
-        __path__.append(str(installed))
+    copy = installed_copy()
+    if copy is not None:
+        __path__.append(str(copy))
 
 
 _use_installed_native_parts()
@@ -109,8 +104,13 @@ _preload_cxx_runtime()
 
 def data_file(name: str) -> Path:
     """A file installed under ``pyllama_moe/data`` (e.g. the qwen2 vocabulary)."""
-    for d in __path__:
-        p = Path(d) / "data" / name
-        if p.is_file():
-            return p
-    raise FileNotFoundError(f"pyllama_moe/data/{name} is not installed; build and install the package (README.md)")
+    from pyllama_moe._resources import data_file as find
+
+    return find(name)
+
+
+def bin_file(name: str) -> Path:
+    """A native program installed under ``pyllama_moe/bin`` (upstream's tools of this build)."""
+    from pyllama_moe._resources import bin_file as find
+
+    return find(name)

@@ -1,4 +1,7 @@
-"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, rpc-server, fetch."""
+"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, rpc-server, fetch.
+
+``info`` and ``rpc-server`` are the library's own; the others run the programs of :mod:`pyllama_moe.tools`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ def _info(_: argparse.Namespace) -> int:
     import pyllama_moe
     from pyllama_moe import _build_info, backend
 
-    print(f"pyllama-moe {pyllama_moe.__version__}: llama.cpp {_build_info.UPSTREAM_BUILD} + patch series {_build_info.PATCH_SERIES}")
+    print(f"pyllama-moe {pyllama_moe.__version__}: llama.cpp {_build_info.UPSTREAM_BUILD} "
+          f"+ patch series {_build_info.PATCH_SERIES}")
     cuda = getattr(_build_info, "CUDA_VERSION", "")
     if cuda:
         print(f"built with CUDA {cuda}")
@@ -32,13 +36,13 @@ def _rpc_server(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from pyllama_moe import demo
+    from pyllama_moe.tools import demo
 
     return demo.main(args)
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from pyllama_moe import realmodels
+    from pyllama_moe.tools import realmodels
 
     try:
         print(realmodels.fetch(args.name))
@@ -48,20 +52,16 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+# the tools with parsers of their own: ``python -m pyllama_moe <name> ...`` is ``<module>.main([...])``
+TOOLS = {"synth": "pyllama_moe.tools.synth", "bench": "pyllama_moe.tools.bench", "routing": "pyllama_moe.tools.routing"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "synth":  # these two have their own parsers
-        from pyllama_moe import synth
+    if argv and argv[0] in TOOLS:
+        import importlib
 
-        return synth.main(argv[1:])
-    if argv and argv[0] == "bench":
-        from pyllama_moe import bench
-
-        return bench.main(argv[1:])
-    if argv and argv[0] == "routing":
-        from pyllama_moe import routing
-
-        return routing.main(argv[1:])
+        return int(importlib.import_module(TOOLS[argv[0]]).main(argv[1:]))
     ap = argparse.ArgumentParser(prog="python -m pyllama_moe")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="the build: patch series, backends, devices").set_defaults(run=_info)
@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.set_defaults(run=_rpc_server)
     sub.add_parser("synth", help="write a random-weight GGUF model (see `synth --help`)")
     sub.add_parser("bench", help="speed of each placement and kill switch, side by side (see `bench --help`)")
+    sub.add_parser("routing", help="what a MoE's routers select on real text (see `routing --help`)")
     args = ap.parse_args(argv)
     return int(args.run(args))
 

@@ -37,8 +37,8 @@ SHIM_HEADER = "pyllama_moe_shim.h"  # our C entry points into llama.cpp's common
 
 # headers whose text is declared; anything else the preprocessor pulls in (libc) is left to cffi,
 # which knows the standard types (size_t, int32_t, bool, FILE, ...)
-API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h", "ggml-rpc.h",
-               SHIM_HEADER)
+API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h",
+               "ggml-rpc.h", SHIM_HEADER)
 # headers all of whose functions are declared
 ALL_FUNCTIONS = ("llama.h", SHIM_HEADER)
 

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,7 @@ class _StderrHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             sys.stderr.write(self.format(record) + "\n")
-        except Exception:  # pragma: no cover - a closed or broken stream
+        except Exception:  # noqa: BLE001  # pragma: no cover - a closed or broken stream
             self.handleError(record)
 
 
@@ -311,3 +311,11 @@ def serve_rpc(endpoint: str, n_threads: int, device: str = "CPU", cache_dir: str
     devs = ffi.new("ggml_backend_dev_t[1]", [dev])
     lib.ggml_backend_rpc_start_server(endpoint.encode(), cache_dir.encode() if cache_dir else ffi.NULL,
                                       n_threads, 1, devs)
+
+
+def numa_init(numa: bool | int) -> None:
+    """llama-cpp-python's ``numa``: True distributes, an int is a ``GGML_NUMA_STRATEGY_*``, False does nothing."""
+    strategy = (lib.GGML_NUMA_STRATEGY_DISTRIBUTE if numa else lib.GGML_NUMA_STRATEGY_DISABLED) \
+        if isinstance(numa, bool) else numa
+    if strategy != lib.GGML_NUMA_STRATEGY_DISABLED:
+        lib.llama_numa_init(strategy)

@@ -40,8 +40,10 @@ class Batch:
         for i in range(self.capacity):
             p.seq_id[i][0] = seq_id
 
-    def set_tokens(self, tokens: Sequence[int] | np.ndarray, pos0: int, all_logits: bool, last_logits: bool = True) -> None:
-        """``tokens`` at positions ``pos0...``; outputs for all of them, only the last, or (``last_logits=False``) none."""
+    def set_tokens(self, tokens: Sequence[int] | np.ndarray, pos0: int, all_logits: bool,
+                   last_logits: bool = True) -> None:
+        """``tokens`` at positions ``pos0...``; outputs for all of them, only the last, or (``last_logits=False``)
+        none."""
         check_closed(self._p, "batch")
         n = len(tokens)
         if not 0 < n <= self.capacity:
@@ -70,5 +72,5 @@ class Batch:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
+        except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown
             pass

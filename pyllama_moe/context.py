@@ -22,6 +22,7 @@ from pyllama_moe.errors import (
 )
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.model import Model
+from pyllama_moe.moe import MoeCacheStats
 from pyllama_moe.params import ContextParams
 
 
@@ -52,7 +53,7 @@ class Context:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
+        except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown
             pass
 
     # sizes
@@ -157,30 +158,16 @@ class Context:
     def perf_reset(self) -> None:
         lib.llama_perf_context_reset(self.ptr)
 
-    def moe_cache_stats(self) -> dict[str, dict[str, float]] | None:
-        """The MoE cache's counts by lookup path, None without a cache (see ``Llama.moe_cache_stats``)."""
+    def moe_cache_stats(self) -> MoeCacheStats | None:
+        """The MoE cache's counts, None without a cache (see ``Llama.moe_cache_stats``)."""
         st = ffi.new("struct llama_moe_cache_stats *")
         if not lib.llama_moe_cache_get_stats(self.ptr, st):
             return None
-        out = {}
-        for path in ("small", "large", "device"):
-            hits, misses = getattr(st, f"hits_{path}"), getattr(st, f"misses_{path}")
-            out[path] = {"hits": hits, "misses": misses, "bytes_uploaded": getattr(st, f"bytes_{path}"),
-                         "hit_rate": hits / (hits + misses) if hits + misses else 0.0}
-        out["copied"] = {"experts": st.n_copied, "bytes": st.bytes_copied}
-        # the device lookups' admission counts (LLAMA_MOE_CACHE_ADMIT=0: none), summed: its history, kept across prompts
-        out["admission"] = {"selections": st.n_admit_selections}
-        # the prefetch of large ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off), totals and per large ubatch
-        n = max(st.n_ubatch_large, 1)
-        out["prefetch"] = {"ubatches": st.n_ubatch_large, "calls": st.n_prefetch_calls, "regions": st.n_prefetch_regions,
-                           "bytes_cache": st.bytes_prefetch_cache, "bytes_host": st.bytes_prefetch_host,
-                           "calls_per_ubatch": st.n_prefetch_calls / n,
-                           "mib_host_per_ubatch": st.bytes_prefetch_host / n / 2**20}
-        # the seeds from the experts staged for the last large ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off); checked
-        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1
-        out["seed"] = {"ubatches": st.n_seed_ubatch, "experts": st.n_seeded, "bytes": st.bytes_seeded,
-                       "dropped": st.n_seed_dropped, "checked": st.n_seed_checked, "check_failed": st.n_seed_check_failed}
-        return out
+        return MoeCacheStats.from_c(st)
+
+    def pooled(self) -> bool:
+        """Whether embeddings are pooled per sequence (pooling type other than none)."""
+        return self.pooling_type() != lib.LLAMA_POOLING_TYPE_NONE
 
     def set_abort_callback(self, fn: Callable[[], bool] | None) -> None:
         """Called during decode: returning True aborts it (``DecodeError`` code 2). Costs a call

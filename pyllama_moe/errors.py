@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from enum import IntEnum
 from typing import Any
 
 
@@ -46,20 +47,31 @@ class ClosedError(LlamaError):
     """An object was used after ``close()``."""
 
 
+class DecodeStatus(IntEnum):
+    """llama.h: the return values of ``llama_decode`` (any other negative value is a fatal error)."""
+
+    OK = 0
+    NO_KV_SLOT = 1
+    """No KV slot for the batch: reduce the batch or raise n_ctx."""
+    ABORTED = 2
+    """The abort callback returned true."""
+    INVALID_BATCH = -1
+    """The batch was invalid."""
+
+
+DECODE_CODES: dict[int, str] = {
+    DecodeStatus.NO_KV_SLOT: "no KV slot for the batch (reduce the batch or raise n_ctx)",
+    DecodeStatus.ABORTED: "aborted",
+    DecodeStatus.INVALID_BATCH: "invalid input batch",
+}
+
+
 class DecodeError(LlamaError):
     """``llama_decode`` / ``llama_encode`` returned an error code."""
 
     def __init__(self, what: str, code: int) -> None:
         super().__init__(f"{what} failed with code {code}: {DECODE_CODES.get(code, 'fatal error')}")
         self.code = code
-
-
-# llama.h: return values of llama_decode (any other negative value is a fatal error)
-DECODE_CODES = {
-    1: "no KV slot for the batch (reduce the batch or raise n_ctx)",
-    2: "aborted",
-    -1: "invalid input batch",
-}
 
 # llama.cpp error lines, numbered, so a check can name the ones logged during its call
 _native_errors: deque[tuple[int, str]] = deque(maxlen=16)
@@ -97,7 +109,7 @@ def check_ptr(ptr: Any, error: type[Exception], message: str, since: int | None 
 
 
 def check_decode(code: int, what: str = "llama_decode") -> None:
-    if code != 0:
+    if code != DecodeStatus.OK:
         raise DecodeError(what, code)
 
 

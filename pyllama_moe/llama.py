@@ -1,7 +1,8 @@
 """``Llama``: llama-cpp-python 0.3.36's class over the patched library, with the MoE controls.
 
-Orchestration only: parameters come from ``params`` / ``moe``, the C handles are owned by
-``Model``, ``Context``, ``Batch`` and ``Sampler``, generation is ``completion``'s.
+Orchestration only: the keywords become ``params``' structs, ``moe.place`` decides the placement (cache
+size, fit, load mode), the C handles are owned by ``Model``, ``Context``, ``Batch`` and ``Sampler``, the
+evaluated tokens and their state by ``Session``, and a completion is ``completion``'s request over that session.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ import numpy as np
 from pyllama_moe import backend, moe
 from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
-from pyllama_moe.completion import Completion, Session, embed, logits_to_logprobs, make_request
+from pyllama_moe.completion import Completion, make_request
 from pyllama_moe.context import Context
 from pyllama_moe.errors import ClosedError
 from pyllama_moe.ffi import lib
+from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 from pyllama_moe.model import LoraAdapter, Model, model_path_str
-from pyllama_moe.vocab import LlamaTokenizer
 from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int, load_mode, load_mode_name
 from pyllama_moe.sampler import Sampler, SamplingParams
-from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
+from pyllama_moe.session import Session, logits_to_logprobs
+from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer
 
 logger = logging.getLogger("pyllama_moe")
 
@@ -147,16 +149,18 @@ class Llama:
         self._init_kwargs.update(kwargs)
         if kwargs:
             logger.warning("Llama: ignoring unknown keyword arguments %s", ", ".join(sorted(kwargs)))
-        if tokenizer is not None:
-            raise ValueError("tokenizer is not supported by pyllama-moe; leave it None")
+        if tokenizer is not None and not isinstance(tokenizer, BaseLlamaTokenizer):
+            raise ValueError(f"tokenizer must be a BaseLlamaTokenizer (e.g. LlamaHFTokenizer), got {tokenizer!r}")
+        self._tokenizer: BaseLlamaTokenizer | None = tokenizer
         if draft_model is not None and not callable(draft_model):
-            raise ValueError(f"draft_model must be a LlamaDraftModel (a callable of the input ids), got {draft_model!r}")
+            raise ValueError("draft_model must be a LlamaDraftModel (a callable of the input ids), "
+                             f"got {draft_model!r}")
         self.draft_model = draft_model
         self.verbose = verbose
         if verbose:
             backend.show_log_on_stderr()
         backend.init()
-        self._init_numa(numa)
+        backend.numa_init(numa)
         if rpc_servers:
             backend.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
         self.model_path = model_path_str(model_path)
@@ -164,7 +168,7 @@ class Llama:
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
         self.last_n_tokens_size = check_int("last_n_tokens_size", last_n_tokens_size, -1)
         self.spm_infill = spm_infill
-        self._seed = check_int("seed", seed, -(2**63), 2**64 - 1)
+        seed = check_int("seed", seed, -(2**63), 2**64 - 1)  # the session keeps it from here
         self._logits_all = bool(logits_all)
         self.cache: Any = None
 
@@ -172,7 +176,6 @@ class Llama:
         devices = backend.model_devices(rpc_servers)
         if devices is not None:
             self.model_params.set_devices(devices)
-        cache = moe.cache_size(moe_cache_mib)
         # checked before they are combined, so that a wrong type is named
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
             check_int(name, value, 0 if name == "n_ctx" else 1, 2**32 - 1)
@@ -184,11 +187,11 @@ class Llama:
             yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
             yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
             op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
-            moe_cache_size=cache if isinstance(cache, int) else 0,
         )
-        self._fit(fit, fit_target_mib, cache)
-        moe.cache_load_mode(self.model_path, self.model_params, self.context_params.ptr.moe_cache_size)
-        self._load()
+        self._placed = moe.place(self.model_path, self.model_params, self.context_params,
+                                 moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
+                                 verbose=verbose)
+        self._load(seed)
         self.placement = self._placement()
         if verbose:
             logger.info("%s", backend.system_info().strip())
@@ -220,40 +223,11 @@ class Llama:
             load_mode=mode, overrides=moe.placement_overrides(a["cpu_moe"], a["n_cpu_moe"], a["override_tensor"]),
         )
 
-    @staticmethod
-    def _init_numa(numa: bool | int) -> None:
-        strategy = (lib.GGML_NUMA_STRATEGY_DISTRIBUTE if numa else lib.GGML_NUMA_STRATEGY_DISABLED) \
-            if isinstance(numa, bool) else numa
-        if strategy != lib.GGML_NUMA_STRATEGY_DISABLED:
-            lib.llama_numa_init(strategy)
-
-    def _fit(self, fit: bool, fit_target_mib: int | list[int] | None, cache: int | str) -> None:
-        if not isinstance(fit, bool):
-            raise ValueError(f"fit must be True or False, got {fit!r}")
-        path = os.fsencode(self.model_path)
-        if fit:
-            # llama-cpp-python's n_gpu_layers=0 default would stop the fit: "unset" is the library's -1
-            if self.model_params.ptr.n_gpu_layers == 0:
-                self.model_params.ptr.n_gpu_layers = lib.llama_model_default_params().n_gpu_layers
-            with backend.verbosity(self.verbose):
-                if cache == "auto":  # the fit chooses between the layers and the cache
-                    self.context_params.ptr.moe_cache_size = moe.fit_with_cache(
-                        path, self.model_params, self.context_params, fit_target_mib, self.verbose)
-                    return
-                moe.fit(path, self.model_params, self.context_params, fit_target_mib, self.verbose)
-        if cache == "auto":
-            with backend.verbosity(self.verbose):
-                self.context_params.ptr.moe_cache_size = moe.auto_cache_size(
-                    path, self.model_params, self.context_params, fit_target_mib)
-
-    def _load(self) -> None:
+    def _load(self, seed: int) -> None:
         try:
             self._model = self._own(Model(self.model_path, self.model_params, verbose=self.verbose))
+            self.context_params.use_model_n_ctx(self._model.n_ctx_train())
             cp = self.context_params.ptr
-            if cp.n_ctx == 0:  # the model's
-                cp.n_ctx = self._model.n_ctx_train()
-                cp.n_batch = min(cp.n_ctx, cp.n_batch)
-                cp.n_ubatch = min(cp.n_batch, cp.n_ubatch)
             self.n_batch = int(cp.n_batch)
             self.n_threads, self.n_threads_batch = int(cp.n_threads), int(cp.n_threads_batch)
             # the adapter is freed after the context that uses it (handles close in reverse)
@@ -267,7 +241,7 @@ class Llama:
             self.close()
             raise
         self._vocab = self._model.vocab
-        self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all)
+        self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all, seed)
         self._n_vocab, self._n_ctx = self._vocab.n_tokens, self._session.n_ctx
         self._token_nl, self._token_eos = self._vocab.nl(), self._vocab.eos()
         self._sampler: Sampler | None = None
@@ -282,8 +256,8 @@ class Llama:
             "n_gpu_layers": n_layer + 1 if mp.n_gpu_layers < 0 else min(int(mp.n_gpu_layers), n_layer + 1),
             "n_layer": n_layer,
             "host_tensor_patterns": self.model_params.override_patterns(),
-            "moe_cache_mib": int(cp.moe_cache_size) // moe.MIB,
-            "load_mode": load_mode_name(mp.load_mode),
+            "moe_cache_mib": self._placed.cache_bytes // moe.MIB,
+            "load_mode": load_mode_name(self._placed.load_mode),
             "n_ctx": int(cp.n_ctx),
         }
 
@@ -322,7 +296,7 @@ class Llama:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
+        except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown
             pass
 
     def __enter__(self) -> Llama:
@@ -330,6 +304,11 @@ class Llama:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def _seed(self) -> int:
+        """The sampling seed (llama-cpp-python's attribute): the next request without one draws from it."""
+        return self._session.seed
 
     def __getstate__(self) -> dict[str, Any]:
         """The constructor's arguments (as llama-cpp-python): unpickling loads the model again."""
@@ -398,19 +377,21 @@ class Llama:
     def moe_cache_stats(self) -> dict[str, dict[str, float]] | None:
         """The MoE cache's counts since the context was created, None if it has no cache.
 
-        Experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per MoE layer and
-        ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
+        ``moe.MoeCacheStats.as_dict()``: experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per
+        MoE layer and ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
         and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
         ubatches read from the cache instead of host memory; ``admission``: the selections the device lookups'
         admission policy counts (off with ``LLAMA_MOE_CACHE_ADMIT=0``), summed over the experts, the history it
-        admits by (halved every 4 x slots selections, kept while prompts use the host lookup); ``prefetch``: the prefetch of large
-        ubatches through the cache (off with ``LLAMA_MOE_CACHE_PREFETCH=0``): batched copy calls, regions,
-        bytes copied from the cache and uploaded, in all and per large ubatch; ``seed``: the seeds of the
+        admits by (halved every 4 x slots selections, kept while prompts use the host lookup); ``prefetch``: the
+        prefetch of large ubatches through the cache (off with ``LLAMA_MOE_CACHE_PREFETCH=0``): batched copy calls,
+        regions, bytes copied from the cache and uploaded, in all and per large ubatch; ``seed``: the seeds of the
         cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
         ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
         the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``).
+        ``moe.MoeCacheStats.from_dict`` reads it back; subtracting two gives what happened between them.
         """
-        return self._ctx.moe_cache_stats()
+        stats = self._ctx.moe_cache_stats()
+        return None if stats is None else stats.as_dict()
 
     @_open
     def n_embd(self) -> int:
@@ -439,19 +420,29 @@ class Llama:
     # tokens
     @_open
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """The text's token ids: the model's vocabulary's, or those of the ``tokenizer`` the Llama was made with."""
+        if self._tokenizer is not None:
+            return self._vocab.check_tokens(self._tokenizer.tokenize(text, add_bos, special))
         return self._vocab.tokenize(text, add_bos, special)
 
     @_open
     def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
                    special: bool = False) -> bytes:
+        if self._tokenizer is not None:
+            return self._tokenizer.detokenize(tokens, prev_tokens=prev_tokens, special=special)
         return self._vocab.detokenize(list(tokens), special)
+
+    @property
+    def tokenizer_(self) -> BaseLlamaTokenizer:
+        """llama-cpp-python's attribute: the tokenizer given to the constructor, else the model's."""
+        return self._tokenizer if self._tokenizer is not None else LlamaTokenizer(self)
 
     def set_cache(self, cache: Any) -> None:
         """A ``LlamaRAMCache``: completions start from the cached state sharing most of the prompt."""
         self.cache = cache
 
     def set_seed(self, seed: int) -> None:
-        self._seed = check_int("seed", seed, -(2**63), 2**64 - 1)
+        self._session.seed = check_int("seed", seed, -(2**63), 2**64 - 1)
 
     @_open
     def reset(self) -> None:
@@ -552,10 +543,12 @@ class Llama:
     ) -> Any:
         """Generate text from a prompt: a ``text_completion`` dict, or an iterator of chunks with ``stream``."""
         sampling = {k: v for k, v in locals().items() if k in _SAMPLING_KEYS}
-        req = make_request(self, prompt, suffix=suffix, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                           echo=echo, seed=seed, model=model, logits_processor=logits_processor,
-                           stopping_criteria=stopping_criteria, sampling=sampling)
-        job = Completion(self, req)
+        req = make_request(self._session, prompt, suffix=suffix, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                           echo=echo, seed=seed, model=model if model is not None else self.model_path,
+                           logits_processor=logits_processor, stopping_criteria=stopping_criteria, sampling=sampling,
+                           penalty_last_n=self.last_n_tokens_size, spm_infill=self.spm_infill,
+                           draft_model=self.draft_model, tokenizer=self._tokenizer)
+        job = Completion(self._session, req, self.cache)
         return self._stream(job.chunks()) if stream else job.result()
 
     def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:
@@ -575,7 +568,7 @@ class Llama:
         """Embeddings of a text or texts: a vector per text, or per token with pooling none."""
         if not self.context_params.ptr.embeddings:
             raise RuntimeError("Llama model must be created with embedding=True to call this method")
-        data, total = embed(self, [input] if isinstance(input, str) else list(input), normalize, truncate)
+        data, total = self._session.embed([input] if isinstance(input, str) else list(input), normalize, truncate)
         out = data[0] if isinstance(input, str) else data
         return (out, total) if return_count else out
 
@@ -593,31 +586,11 @@ class Llama:
     # state
     @_open
     def save_state(self) -> LlamaState:
-        data = self._ctx.state_get()
-        n = self.n_tokens
-        scores = self._scores.copy() if self._logits_all else np.zeros((0, self._n_vocab), dtype=np.single)
-        return LlamaState(input_ids=self.input_ids.copy(), scores=scores, n_tokens=n, llama_state=data,
-                          llama_state_size=len(data), seed=self._seed)
+        return self._session.save_state()
 
     @_open
     def load_state(self, state: LlamaState) -> None:
-        if not isinstance(state, LlamaState):
-            raise TypeError(f"load_state takes a LlamaState (from save_state), got {type(state).__name__}")
-        # llama_state_set_data reads nothing from an empty buffer and reports success: the context would go on
-        # with what it held while input_ids said otherwise
-        if state.llama_state_size <= 0 or len(state.llama_state) < state.llama_state_size:
-            raise ValueError("load_state: the state is empty or shorter than its llama_state_size")
-        if not 0 <= state.n_tokens <= min(self._n_ctx, len(state.input_ids)):
-            raise ValueError(f"load_state: n_tokens {state.n_tokens} is outside the context (0..{self._n_ctx}) "
-                             "or its input_ids")
-        self._ctx.state_set(state.llama_state[:state.llama_state_size])
-        n = state.n_tokens
-        self._session.input_ids[:] = 0
-        self._session.input_ids[:n] = state.input_ids[:n]
-        if self._logits_all and len(state.scores):
-            self.scores[:n] = state.scores[:n]
-        self._session.n_tokens = n
-        self._seed = state.seed
+        self._session.load_state(state)
 
     # llama-cpp-python's static helpers
     logits_to_logprobs = staticmethod(logits_to_logprobs)

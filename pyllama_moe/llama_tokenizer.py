@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer
+from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaHFTokenizer, LlamaTokenizer
 
-__all__ = ["BaseLlamaTokenizer", "LlamaTokenizer"]
+__all__ = ["BaseLlamaTokenizer", "LlamaHFTokenizer", "LlamaTokenizer"]

@@ -10,6 +10,7 @@ from typing import Any
 from pyllama_moe import backend
 from pyllama_moe.errors import ModelLoadError, ModelNotFoundError, check_closed, check_ptr, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.params import ModelParams
 from pyllama_moe.vocab import Vocab
 
@@ -40,21 +41,14 @@ def _check_tensor_data(path: str) -> None:
     """The tensors' data ends where the file does (but for the alignment's padding). A tensor count one too low
     leaves the last tensor's bytes unexplained, and ggml reads every tensor a few bytes off: garbage, no error.
     Files ggml cannot read at all are left to llama.cpp, which says why."""
-    from pyllama_moe import moe
-
     try:
-        with moe.gguf_header(os.fsencode(path)) as ctx:
-            n = lib.gguf_get_n_tensors(ctx)
-            end = max((lib.gguf_get_tensor_offset(ctx, i) + lib.gguf_get_tensor_size(ctx, i) for i in range(n)),
-                      default=0)
-            end += lib.gguf_get_data_offset(ctx)
-            align = lib.gguf_get_alignment(ctx)
+        info = GGUFInfo.read(path)
     except ValueError:
         return
-    extra = os.path.getsize(path) - end
-    if n and extra >= align:
-        raise ModelLoadError(f"{path}: {extra} bytes follow the data of its {n} tensors: the file is corrupt (a "
-                             "wrong tensor count?)")
+    extra = os.path.getsize(path) - info.data_end
+    if info.n_tensors and extra >= info.alignment:
+        raise ModelLoadError(f"{path}: {extra} bytes follow the data of its {info.n_tensors} tensors: the file is "
+                             "corrupt (a wrong tensor count?)")
 
 
 class _ProgressBar:
@@ -124,7 +118,7 @@ class Model:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
+        except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown
             pass
 
     @property

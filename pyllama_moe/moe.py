@@ -10,28 +10,31 @@ The first pattern that matches a tensor wins (src/llama-model-loader.cpp), so th
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyllama_moe import backend
 from pyllama_moe.errors import check_fit_status, native_mark
 from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.gguf_info import FFN_EXPS_REGEX, GGUFInfo, split_files
 from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int
 
 logger = logging.getLogger("pyllama_moe")
 
-# common/common.h: LLM_FFN_EXPS_REGEX and llm_ffn_block_regex
-FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+__all__ = ["FFN_EXPS_REGEX", "MoeCacheStats", "Placement", "place"]
+
 MIB = 1024 * 1024
 FIT_TARGET_MIB = 1024  # common/common.h: fit_params_target, per device
 FIT_N_CTX_MIN = 4096  # common/common.h: fit_params_min_ctx
 
 
 def block_regex(il: int) -> str:
+    """common/common.h: llm_ffn_block_regex, the expert tensors of layer ``il``."""
     return f"blk\\.{il}{FFN_EXPS_REGEX}"
 
 
@@ -113,12 +116,7 @@ def available_memory(root: str | None = None) -> int | None:
 
 def model_files_size(path: str) -> int:
     """Bytes of a GGUF model's files (all parts of a split model named ``*-00001-of-000NN.gguf``)."""
-    m = re.fullmatch(r"(.*)-(\d{5})-of-(\d{5})\.gguf", path)
-    if not m:
-        return os.path.getsize(path)
-    n = int(m.group(3))
-    return sum(os.path.getsize(f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)
-               if os.path.exists(f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf"))
+    return sum(os.path.getsize(f) for f in split_files(path))
 
 
 def cache_load_mode(path: str, mparams: ModelParams, cache_bytes: int) -> bool:
@@ -138,7 +136,7 @@ def cache_load_mode(path: str, mparams: ModelParams, cache_bytes: int) -> bool:
                     size // MIB, int(CACHE_NO_MMAP_FRACTION * 100),
                     "unknown" if avail is None else f"{avail // MIB} MiB")
         return False
-    mparams.ptr.load_mode = lib.LLAMA_LOAD_MODE_NONE
+    mparams.set_load_mode(lib.LLAMA_LOAD_MODE_NONE)
     logger.info("moe_cache_mib: loading without mmap (load_mode none) so the experts can be pinned: the model "
                 "takes %d of %d MiB available", size // MIB, avail // MIB)
     return True
@@ -162,10 +160,8 @@ def fit(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mi
     Returns whether a fit was found; when not, the parameters are left as they were (as llama.cpp
     then loads them). Only parameters left at the library's defaults are changed.
     """
-    split = ffi.new("float[]", lib.llama_max_devices())
-    overrides = ffi.new("struct llama_model_tensor_buft_override[]", lib.llama_max_tensor_buft_overrides())
+    split, overrides = mparams.fit_arrays()
     margins = _margins(fit_target_mib)
-    mparams._keep += [split, overrides, margins]
     level = lib.GGML_LOG_LEVEL_INFO if verbose else lib.GGML_LOG_LEVEL_ERROR
     mark = native_mark()
     status = lib.pyllama_moe_fit_params(path, mparams.ptr, cparams.ptr, split, overrides, margins,
@@ -207,38 +203,13 @@ def cache_total(left: list[int], share: list[float]) -> int:
     ``left[d]`` bytes for it: the largest total whose split gives no device more than it has left. A device
     with a share and nothing left makes it 0 (the cache off rather than that device out of memory)."""
     total = sum(x for x in share if x > 0)
-    caps = [lf * total / sh for lf, sh in zip(left, share) if sh > 0]
+    caps = [lf * total / sh for lf, sh in zip(left, share, strict=True) if sh > 0]
     return int(max(0.0, min(caps))) if caps else 0
-
-
-@contextlib.contextmanager
-def gguf_header(path: bytes) -> Iterator[Any]:
-    """ggml's ``gguf_context`` of a GGUF file: its metadata and tensor infos, no tensor data."""
-    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
-    ctx = lib.gguf_init_from_file(path, params[0])
-    if ctx == ffi.NULL:
-        raise ValueError(f"{path.decode(errors='replace')} is not a readable GGUF file")
-    try:
-        yield ctx
-    finally:
-        lib.gguf_free(ctx)
-
-
-def _gguf_u32(path: bytes, suffix: str) -> int | None:
-    """The GGUF's ``{architecture}.{suffix}``, None if absent."""
-    with gguf_header(path) as ctx:
-        k = lib.gguf_find_key(ctx, b"general.architecture")
-        arch = ffi.string(lib.gguf_get_val_str(ctx, k)).decode() if k >= 0 else ""
-        k = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
-        return int(lib.gguf_get_val_u32(ctx, k)) if k >= 0 else None
 
 
 def block_count(path: bytes) -> int:
     """The GGUF's ``{architecture}.block_count``."""
-    n = _gguf_u32(path, "block_count")
-    if n is None:
-        raise ValueError(f"{path.decode(errors='replace')} has no block_count")
-    return n
+    return GGUFInfo.read(path).require_block_count()
 
 
 def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mib: int | list[int] | None,
@@ -262,25 +233,24 @@ def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fi
         or (p.tensor_split != ffi.NULL and any(p.tensor_split[d] != 0 for d in range(lib.llama_max_devices()))) \
         or p.split_mode not in (lib.LLAMA_SPLIT_MODE_NONE, lib.LLAMA_SPLIT_MODE_LAYER)
 
-    # what the fit sets (the arrays it points to stay alive in the parameters' _keep)
-    def placement() -> tuple[Any, ...]:
-        return p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx
-
-    def restore(state: tuple[Any, ...]) -> None:
-        p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides, cparams.ptr.n_ctx = state
-
-    saved = placement()
+    saved = mparams.placement(), cparams.ptr.n_ctx
     fitted = fit(path, mparams, cparams, fit_target_mib, verbose)
     if user_fixed:
         return auto_cache_size(path, mparams, cparams, fit_target_mib)
-    n_layer = block_count(path)
+    info = GGUFInfo.read(path)
+    n_layer = info.require_block_count()
     ngl = p.n_gpu_layers
     if fitted and (ngl < 0 or ngl > n_layer) and not mparams.override_patterns():
         logger.info("fit: every layer fits in device memory, no MoE cache is needed")
         return 0
-    if not _gguf_u32(path, "expert_count"):  # a dense model: no experts to cache
+    if not info.expert_count:  # a dense model: no experts to cache
         return 0
-    layered = placement()
+    layered = mparams.placement(), cparams.ptr.n_ctx
+
+    def restore(state: tuple[Any, int]) -> None:
+        mparams.restore_placement(state[0])
+        cparams.set_n_ctx(state[1])
+
     restore(saved)
     mparams.set_overrides(placement_overrides(cpu_moe=True))
     # upstream's fit only checks (and may shorten the context of) a placement with overrides
@@ -294,3 +264,128 @@ def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fi
                 size // MIB)
     return size
 
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where ``place`` put the weights: the MoE cache's bytes and the load mode (the rest is in the parameters)."""
+
+    cache_bytes: int
+    load_mode: int
+
+
+def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_mib: int | str, fit_memory: bool,
+          fit_target_mib: int | list[int] | None, verbose: bool) -> Placement:
+    """The placement keywords' one way into the parameters: the cache size (``moe_cache_mib``: MiB or ``"auto"``),
+    then the fit (``fit=True``: upstream's, or with ``"auto"`` the fit that chooses between layers and cache), then
+    the load mode the cache wants. Writes the parameters through their setters only."""
+    if not isinstance(fit_memory, bool):
+        raise ValueError(f"fit must be True or False, got {fit_memory!r}")
+    cache = cache_size(moe_cache_mib)
+    if isinstance(cache, int):  # before the fit, which counts it
+        cparams.set_moe_cache_size(cache)
+    bpath = os.fsencode(path)
+    with backend.verbosity(verbose):
+        if fit_memory:
+            # llama-cpp-python's n_gpu_layers=0 default would stop the fit: "unset" is the library's -1
+            if mparams.ptr.n_gpu_layers == 0:
+                mparams.set_n_gpu_layers(lib.llama_model_default_params().n_gpu_layers)
+            if cache == "auto":  # the fit chooses between the layers and the cache
+                cparams.set_moe_cache_size(fit_with_cache(bpath, mparams, cparams, fit_target_mib, verbose))
+            else:
+                fit(bpath, mparams, cparams, fit_target_mib, verbose)
+        elif cache == "auto":
+            cparams.set_moe_cache_size(auto_cache_size(bpath, mparams, cparams, fit_target_mib))
+    cache_bytes = int(cparams.ptr.moe_cache_size)
+    cache_load_mode(path, mparams, cache_bytes)
+    return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode))
+
+
+# the lookup paths of the counts, as the C fields name them
+_PATHS = ("small", "large", "device")
+
+
+@dataclass(frozen=True)
+class MoeCacheStats:
+    """``struct llama_moe_cache_stats`` field by field: the MoE cache's counts since the context was made.
+
+    ``as_dict()`` is ``Llama.moe_cache_stats()``'s shape, ``from_dict`` reads it back, and ``b - a`` is what
+    happened between two readings."""
+
+    hits_small: int = 0
+    misses_small: int = 0
+    bytes_small: int = 0
+    hits_large: int = 0
+    misses_large: int = 0
+    bytes_large: int = 0
+    hits_device: int = 0
+    misses_device: int = 0
+    bytes_device: int = 0
+    n_copied: int = 0
+    bytes_copied: int = 0
+    n_admit_selections: int = 0
+    n_ubatch_large: int = 0
+    n_prefetch_calls: int = 0
+    n_prefetch_regions: int = 0
+    bytes_prefetch_cache: int = 0
+    bytes_prefetch_host: int = 0
+    n_seed_ubatch: int = 0
+    n_seeded: int = 0
+    bytes_seeded: int = 0
+    n_seed_dropped: int = 0
+    n_seed_checked: int = 0
+    n_seed_check_failed: int = 0
+
+    @classmethod
+    def from_c(cls, st: Any) -> MoeCacheStats:
+        return cls(**{f.name: int(getattr(st, f.name)) for f in dataclasses.fields(cls)})
+
+    def __sub__(self, other: MoeCacheStats) -> MoeCacheStats:
+        return MoeCacheStats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+                                for f in dataclasses.fields(self)})
+
+    def hits(self, *paths: str) -> tuple[int, int]:
+        """Hits and misses summed over lookup paths (``small``, ``large``, ``device``)."""
+        return (sum(getattr(self, f"hits_{p}") for p in paths), sum(getattr(self, f"misses_{p}") for p in paths))
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for path in _PATHS:
+            hits, misses = self.hits(path)
+            out[path] = {"hits": hits, "misses": misses, "bytes_uploaded": getattr(self, f"bytes_{path}"),
+                         "hit_rate": hits / (hits + misses) if hits + misses else 0.0}
+        out["copied"] = {"experts": self.n_copied, "bytes": self.bytes_copied}
+        # the device lookups' admission counts (LLAMA_MOE_CACHE_ADMIT=0: none), summed: its history, kept across prompts
+        out["admission"] = {"selections": self.n_admit_selections}
+        # the prefetch of large ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off), totals and per ubatch
+        n = max(self.n_ubatch_large, 1)
+        out["prefetch"] = {"ubatches": self.n_ubatch_large, "calls": self.n_prefetch_calls,
+                           "regions": self.n_prefetch_regions, "bytes_cache": self.bytes_prefetch_cache,
+                           "bytes_host": self.bytes_prefetch_host, "calls_per_ubatch": self.n_prefetch_calls / n,
+                           "mib_host_per_ubatch": self.bytes_prefetch_host / n / 2**20}
+        # the seeds from the experts staged for the last large ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off); checked
+        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1
+        out["seed"] = {"ubatches": self.n_seed_ubatch, "experts": self.n_seeded, "bytes": self.bytes_seeded,
+                       "dropped": self.n_seed_dropped, "checked": self.n_seed_checked,
+                       "check_failed": self.n_seed_check_failed}
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Mapping[str, float]]) -> MoeCacheStats:
+        """The inverse of ``as_dict`` (the derived rates are dropped; a group that is not there counts 0)."""
+        names = {path: {"hits": f"hits_{path}", "misses": f"misses_{path}", "bytes_uploaded": f"bytes_{path}"}
+                 for path in _PATHS}
+        names.update(_GROUPS)
+        return cls(**{field: int(group[key]) for name, keys in names.items() if (group := d.get(name)) is not None
+                      for key, field in keys.items() if key in group})
+
+
+# as_dict's groups past the lookup paths: key -> C field
+_GROUPS = {
+    "copied": {"experts": "n_copied", "bytes": "bytes_copied"},
+    "admission": {"selections": "n_admit_selections"},
+    "prefetch": {"ubatches": "n_ubatch_large", "calls": "n_prefetch_calls", "regions": "n_prefetch_regions",
+                 "bytes_cache": "bytes_prefetch_cache", "bytes_host": "bytes_prefetch_host"},
+    "seed": {"ubatches": "n_seed_ubatch", "experts": "n_seeded", "bytes": "bytes_seeded", "dropped": "n_seed_dropped",
+             "checked": "n_seed_checked", "check_failed": "n_seed_check_failed"},
+}

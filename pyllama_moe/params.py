@@ -190,6 +190,28 @@ class ModelParams:
         self._keep.append(arr)
         self.ptr.kv_overrides = arr
 
+    def set_n_gpu_layers(self, n: int) -> None:
+        self.ptr.n_gpu_layers = check_int("n_gpu_layers", n, -(2**31), 2**31 - 1)
+
+    def set_load_mode(self, mode: int) -> None:
+        self.ptr.load_mode = mode
+
+    def fit_arrays(self) -> tuple[Any, Any]:
+        """A tensor split and an overrides array for the fit to fill in (it points the parameters at them)."""
+        split = ffi.new("float[]", lib.llama_max_devices())
+        overrides = ffi.new("struct llama_model_tensor_buft_override[]", lib.llama_max_tensor_buft_overrides())
+        self._keep += [split, overrides]
+        return split, overrides
+
+    def placement(self) -> tuple[Any, ...]:
+        """What a fit sets (the arrays it points to stay alive in ``_keep``), for ``restore_placement``."""
+        p = self.ptr
+        return p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides
+
+    def restore_placement(self, state: tuple[Any, ...]) -> None:
+        p = self.ptr
+        p.n_gpu_layers, p.tensor_split, p.tensor_buft_overrides = state
+
     def set_progress(self, handle: Any) -> None:
         """Report the load's progress to ``backend``'s progress callback with this handle."""
         self.ptr.progress_callback = lib.pyllama_moe_progress_callback
@@ -298,6 +320,20 @@ class ContextParams:
         if type_v is not None:
             p.type_v = ggml_type("type_v", type_v)
         p.moe_cache_size = check_int("moe_cache_size", moe_cache_size, 0)
+
+    def set_moe_cache_size(self, nbytes: int) -> None:
+        self.ptr.moe_cache_size = check_int("moe_cache_size", nbytes, 0)
+
+    def set_n_ctx(self, n_ctx: int) -> None:
+        self.ptr.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
+
+    def use_model_n_ctx(self, n_ctx_train: int) -> None:
+        """``n_ctx=0``: the model's training context, the batch sizes cut to it."""
+        p = self.ptr
+        if p.n_ctx == 0:
+            p.n_ctx = n_ctx_train
+            p.n_batch = min(p.n_ctx, p.n_batch)
+            p.n_ubatch = min(p.n_batch, p.n_ubatch)
 
     def __getattr__(self, name: str) -> Any:
         """The C fields read as attributes (``llm.model_params.n_gpu_layers``, as llama-cpp-python)."""

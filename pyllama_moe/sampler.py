@@ -282,7 +282,7 @@ class Sampler:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
+        except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown
             pass
 
 

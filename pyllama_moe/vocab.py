@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyllama_moe.errors import check_tokenize, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pyllama_moe.model import Model
+
+class _Owner(Protocol):
+    """The ``Model`` that owns the vocabulary: its ``ptr`` raises once it is closed."""
+
+    @property
+    def ptr(self) -> Any: ...
 
 
 class Vocab:
     """Borrowed from its ``Model``: valid while the model is open (``ptr`` raises after it closes)."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: _Owner) -> None:
         self._model = model
         self._ptr = lib.llama_model_get_vocab(model.ptr)
         self._buf = ffi.new("char[]", 64)
@@ -46,6 +50,15 @@ class Vocab:
     def pad(self) -> int:
         return int(lib.llama_vocab_pad(self.ptr))
 
+    def fim_pre(self) -> int:
+        return int(lib.llama_vocab_fim_pre(self.ptr))
+
+    def fim_suf(self) -> int:
+        return int(lib.llama_vocab_fim_suf(self.ptr))
+
+    def fim_mid(self) -> int:
+        return int(lib.llama_vocab_fim_mid(self.ptr))
+
     def add_bos(self) -> bool:
         return bool(lib.llama_vocab_get_add_bos(self.ptr))
 
@@ -65,6 +78,15 @@ class Vocab:
     def _check_token(self, token: int) -> None:
         if not 0 <= token < self.n_tokens:
             raise ValueError(f"token {token} is not in the vocabulary (0..{self.n_tokens - 1})")
+
+    def check_tokens(self, ids: Sequence[int]) -> list[int]:
+        """Token ids from elsewhere (a ``tokenizer``), each checked against the vocabulary."""
+        out = [int(t) for t in ids]
+        bad = [t for t in out if not 0 <= t < self.n_tokens]
+        if bad:
+            raise ValueError(f"the tokenizer gave tokens {bad[:5]} that are not in the model's vocabulary "
+                             f"(0..{self.n_tokens - 1})")
+        return out
 
     def tokenize(self, text: bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         if isinstance(text, str):
@@ -137,3 +159,36 @@ class LlamaTokenizer(BaseLlamaTokenizer):
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+class LlamaHFTokenizer(BaseLlamaTokenizer):
+    """llama-cpp-python's tokenizer over a Hugging Face ``transformers`` tokenizer, for ``Llama(tokenizer=...)``
+    (``from_pretrained`` needs ``transformers``). ``add_bos`` is the tokenizer's own business: ``special`` adds its
+    special tokens when encoding and keeps them when decoding."""
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        self.hf_tokenizer = hf_tokenizer
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return [int(t) for t in self.hf_tokenizer.encode(text.decode("utf-8", errors="ignore"),
+                                                         add_special_tokens=special)]
+
+    def _text(self, tokens: Sequence[int], special: bool) -> bytes:
+        return self.hf_tokenizer.decode(list(tokens), skip_special_tokens=not special).encode("utf-8", errors="ignore")
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """The text of ``tokens``; after ``prev_tokens``, what they add to its text (a tokenizer that merges
+        across tokens, such as a byte-level BPE with a leading space, then decodes as in the whole sequence)."""
+        if prev_tokens is None:
+            return self._text(tokens, special)
+        before = list(prev_tokens)
+        return self._text(before + list(tokens), special)[len(self._text(before, special)):]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str) -> LlamaHFTokenizer:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:
+            raise ImportError("LlamaHFTokenizer.from_pretrained needs transformers: pip install transformers") from e
+        return cls(AutoTokenizer.from_pretrained(pretrained_model_name_or_path=pretrained_model_name_or_path))

@@ -1,4 +1,9 @@
-"""Shared fixtures; the report header names the build under test (series, backends, devices)."""
+"""The report header names the build under test (series, backends, devices); GPU tests skip without a GPU.
+
+The shared fixtures and helpers are the ``fixtures`` package beside this file, loaded as plugins. This folder has
+no ``__init__.py``: pytest's default import mode (prepend) puts it first on ``sys.path`` when it imports this file,
+so ``fixtures`` is importable, and each test file's own folder too (test file names are unique across folders).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 # from the tests folder); run from the repository root, the source folder comes first and takes its compiled
 # parts from the installed copy
 sys.path.append(str(REPO))
+
+pytest_plugins = ["fixtures.models", "fixtures.native"]
 
 
 def _native() -> bool:

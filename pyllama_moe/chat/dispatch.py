@@ -34,7 +34,8 @@ TEMPLATE_KEY = "tokenizer.chat_template"
 # Hugging Face chat templates that are a built-in format (tokenizer_config.json of the models named)
 # teknium/OpenHermes-2.5-Mistral-7B
 CHATML_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # mistralai/Mistral-7B-Instruct-v0.1

@@ -49,7 +49,8 @@ _handlers: dict[str, LlamaChatCompletionHandler] = {}
 def _register(name: str, handler: LlamaChatCompletionHandler, overwrite: bool) -> None:
     with _lock:
         if not overwrite and name in _handlers:
-            raise ValueError(f"Formatter with name '{name}' is already registered. Use `overwrite=True` to overwrite it.")
+            raise ValueError(f"Formatter with name '{name}' is already registered. "
+                             "Use `overwrite=True` to overwrite it.")
         _handlers[name] = handler
 
 

@@ -47,7 +47,8 @@ FUNCTION_CALLING_TEMPLATE = (
     "\n\nTo respond with a message begin the message with 'message:', use the following format:"
     "\n\nmessage:"
     "\n<message>"
-    "\n\nTo respond with one or more function calls begin the message with 'functions.<function_name>:', use the following format:"
+    "\n\nTo respond with one or more function calls begin the message with 'functions.<function_name>:', "
+    "use the following format:"
     "\n\nfunctions.<function_name>:"
     '\n{ "arg1": "value1", "arg2": "value2" }'
     "\nfunctions.<function_name>:"

@@ -64,7 +64,8 @@ _PRIMITIVES: dict[str, str] = {
     "date": '"\\"" date-body "\\"" space',
     "time": '"\\"" time-body "\\"" space',
     "date-time": '"\\"" date-body [tT ] time-body "\\"" space',
-    "uuid": '"\\"" [0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12} "\\"" space',
+    "uuid": ('"\\"" [0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" '
+             '[0-9a-fA-F]{12} "\\"" space'),
 }
 # which primitives each one refers to
 _DEPENDS: dict[str, tuple[str, ...]] = {
@@ -350,13 +351,15 @@ class _Converter:
             prefix = schema["prefixItems"]
             if not isinstance(prefix, list) or not prefix:
                 raise SchemaError(f"{name}: prefixItems must be a non-empty list")
-            if schema.get("items", False) not in (False, None) or schema.get("additionalItems", False) not in (False, None):
+            if (schema.get("items", False) not in (False, None)
+                    or schema.get("additionalItems", False) not in (False, None)):
                 raise SchemaError(f"{name}: prefixItems with further items is not supported")
             exprs = [self.visit(s, f"{name}-{i}") for i, s in enumerate(prefix)]
             return self.add(name, f'"[" {sp} ' + f' "," {sp} '.join(exprs) + f' "]" {sp}')
         items = schema.get("items", True)
         if isinstance(items, list):  # draft-04 tuple form
-            return self.array({"prefixItems": items, **{k: v for k, v in schema.items() if k not in ("items", "prefixItems")}}, name)
+            rest = {k: v for k, v in schema.items() if k not in ("items", "prefixItems")}
+            return self.array({"prefixItems": items, **rest}, name)
         if not isinstance(lo, int) or lo < 0 or (hi is not None and (not isinstance(hi, int) or hi < lo)):
             raise SchemaError(f"{name}: bad minItems/maxItems ({lo}, {hi})")
         item = self.visit(items, f"{name}-item")

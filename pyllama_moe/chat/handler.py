@@ -223,7 +223,8 @@ def convert_logprobs_to_chat(logprobs: dict[str, Any] | None) -> dict[str, Any] 
                 "logprob": logprob,
                 "top_logprobs": [{"token": t, "logprob": lp, "bytes": None} for t, lp in (top or {}).items()],
             }
-            for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])
+            for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"],
+                                           strict=True)
         ],
         "refusal": None,
     }

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import secrets
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,15 +10,14 @@ from typing import Any
 import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pyllama_moe.errors import ContextLengthError
+from pyllama_moe.server import sse
 from pyllama_moe.server.model import ModelPool, ServedModel
 from pyllama_moe.server.settings import ModelSettings, ServerSettings
-
-_DONE = object()
 
 
 class _Request(BaseModel):
@@ -120,7 +116,9 @@ def _completion_args(body: CompletionRequest) -> dict[str, Any]:
         if len(prompt) != 1:
             raise ValueError("one prompt per request")
         prompt = prompt[0]
-    args = body.model_dump(exclude={"model", "n", "user", "prompt", "logit_bias", "grammar"}, exclude_none=True)
+    # the model named in the request goes through, as llama-cpp-python's server passes it: the response's ``model``
+    # is that name, or the model's path when the request names none
+    args = body.model_dump(exclude={"n", "user", "prompt", "logit_bias", "grammar"}, exclude_none=True)
     args["logit_bias"] = _bias(body.logit_bias)
     if body.grammar is not None:
         args["grammar"] = body.grammar
@@ -128,12 +126,13 @@ def _completion_args(body: CompletionRequest) -> dict[str, Any]:
 
 
 def _chat_args(body: ChatRequest) -> dict[str, Any]:
-    args = body.model_dump(exclude={"model", "n", "user", "logit_bias"}, exclude_none=True)
+    args = body.model_dump(exclude={"n", "user", "logit_bias"}, exclude_none=True)
     args["logit_bias"] = _bias(body.logit_bias)
     return args
 
 
-def create_app(server: ServerSettings, models: list[ModelSettings], factory: Callable[..., Any] | None = None) -> FastAPI:
+def create_app(server: ServerSettings, models: list[ModelSettings],
+               factory: Callable[..., Any] | None = None) -> FastAPI:
     """The app; the models are loaded here (a model that fails to load fails the start)."""
     pool = ModelPool(models, factory)
 
@@ -188,59 +187,9 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
         return await anyio.to_thread.run_sync(model.run, fn)
 
     async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]]) -> Any:
-        """Server-sent events from a generator run alone on the model; a gone client stops it. A request that
-        fails before its first chunk (a bad value) gets an error response, not a stream; a failure after it ends
-        the stream with an error event and [DONE]."""
         if server.interrupt_requests:
             model.stop.set()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        gone = threading.Event()
-
-        def produce(llama: Any) -> None:
-            it: Any = None
-            try:
-                it = make(llama)
-                for chunk in it:
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
-                    model.stats.completion_tokens += 1
-                    if gone.is_set() or model.stop.is_set():
-                        break
-            except Exception as e:  # noqa: BLE001 - reported to the client as an SSE error event
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-            finally:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    try:
-                        close()
-                    except Exception:  # noqa: BLE001 - the stream is over either way
-                        pass
-                model.stats.requests += 1
-                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-
-        worker = loop.run_in_executor(None, model.run, produce)
-        first = await queue.get()
-        if isinstance(first, Exception):
-            await queue.get()  # _DONE
-            await worker
-            return _error_of(first)
-
-        async def events() -> AsyncIterator[str]:
-            item = first
-            try:
-                while item is not _DONE:
-                    if isinstance(item, Exception):
-                        error = _error_of(item).body
-                        yield f"data: {bytes(error).decode()}\n\n"
-                        break
-                    yield f"data: {json.dumps(item)}\n\n"
-                    item = await queue.get()
-                yield "data: [DONE]\n\n"
-            finally:
-                gone.set()
-                await asyncio.shield(worker)
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return await sse.stream(model, make, _error_of)
 
     async def generate(model: ServedModel, make: Callable[[Any], Any], streaming: bool) -> Any:
         if streaming:
@@ -265,8 +214,9 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
     async def embeddings(body: EmbeddingRequest) -> Any:
         model = pool.get(body.model)
         if not model.settings.embedding:
-            raise ValueError(f"model {model.settings.alias!r} was not started with embedding=True: it has no embeddings")
-        return await call(model, lambda llama: llama.create_embedding(body.input, model=model.settings.alias))
+            raise ValueError(f"model {model.settings.alias!r} was not started with embedding=True: "
+                             "it has no embeddings")
+        return await call(model, lambda llama: llama.create_embedding(body.input, model=body.model))
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -304,13 +254,17 @@ def create_app(server: ServerSettings, models: list[ModelSettings], factory: Cal
                 f"pyllama_moe_prompt_tokens_total{label} {s.prompt_tokens}",
                 f"pyllama_moe_completion_tokens_total{label} {s.completion_tokens}",
                 f"pyllama_moe_busy_seconds_total{label} {s.busy_seconds:.6f}",
-                f"pyllama_moe_tokens_per_second{label} {s.completion_tokens / s.busy_seconds if s.busy_seconds else 0:.3f}",
+                f"pyllama_moe_tokens_per_second{label} "
+                f"{s.completion_tokens / s.busy_seconds if s.busy_seconds else 0:.3f}",
             ]
             stats = getattr(m.llama, "moe_cache_stats", None)
             cache = stats() if callable(stats) else None
-            if cache and cache.get("hits", 0) + cache.get("misses", 0):
-                rate = cache["hits"] / (cache["hits"] + cache["misses"])
-                lines.append(f"pyllama_moe_moe_cache_hit_rate{label} {rate:.4f}")
+            if cache:  # over every lookup path
+                from pyllama_moe.moe import MoeCacheStats
+
+                hits, misses = MoeCacheStats.from_dict(cache).hits("small", "large", "device")
+                if hits + misses:
+                    lines.append(f"pyllama_moe_moe_cache_hit_rate{label} {hits / (hits + misses):.4f}")
         return PlainTextResponse("\n".join(lines) + "\n")
 
     return app

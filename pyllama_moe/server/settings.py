@@ -37,7 +37,8 @@ class ModelSettings(BaseSettings):
     rope_freq_base: float = 0.0
     rope_freq_scale: float = 0.0
     embedding: bool = False
-    pooling_type: int = Field(default=-1, description="llama_pooling_type: -1 the model's, 0 none, 1 mean, 2 cls, 3 last")
+    pooling_type: int = Field(default=-1,
+                              description="llama_pooling_type: -1 the model's, 0 none, 1 mean, 2 cls, 3 last")
     offload_kqv: bool = True
     flash_attn: bool = False
     last_n_tokens_size: int = 64

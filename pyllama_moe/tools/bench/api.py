@@ -1,0 +1,105 @@
+"""The Python API's runs: one setup under one switch setting in a child process (:mod:`.worker`, so that the
+switches are its environment and each run loads the model afresh), its JSON result and log read into rows; the MoE
+cache's counts between two ``moe_cache_stats()`` that a run reports."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from pyllama_moe.moe import MoeCacheStats
+from pyllama_moe.tools.bench.matrix import Setup, cache_mib, fit_kwargs
+from pyllama_moe.tools.bench.native import Runner, parse_cache_stats, parse_jsonl, run_tool
+from pyllama_moe.tools.bench.report import Row
+
+PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging (?P<mib>[\d.]+) MiB, "
+                           r"(?P<n>\d+) of (?P<of>\d+) splits")
+
+
+def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
+                run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False,
+                warmup: int = -1, batch: int = 0) -> list[Row]:
+    """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
+    with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
+    ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
+    cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
+    tokens (``gpu_trace.Tracer`` in the worker, started before the timing: the speeds include what recording costs
+    while the work runs). ``warmup``: the tokens of the prompt evaluated once before it (at most a ubatch, -1: a whole
+    one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing.
+    ``batch``: the prompt is evaluated in batches of that many tokens, only the last one with an output, as
+    llama-server does with its ``-b`` (0: one batch)."""
+    kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
+    if setup.fit_gib:
+        kwargs.update(fit_kwargs(setup))
+    spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
+            "trace": trace, "warmup": warmup, "batch": batch, "kwargs": kwargs}
+    out = run([sys.executable, "-m", "pyllama_moe.tools.bench.worker", json.dumps(spec)], switches)
+    res = parse_jsonl(out)[-1]
+    stats = parse_cache_stats(out)
+    if "placement" in res:
+        stats["placement"] = res["placement"]
+    if "prompt_copies" in res:  # those of the timed prompt, not the mean over the run that the log gives
+        stats["prompt copies"] = res["prompt_copies"]
+    if "prompt_seeds" in res:
+        stats["prompt seeds"] = res["prompt_seeds"]
+    prefetch = [m.groupdict() for m in PREFETCH_LINE.finditer(out)]
+    if prefetch:  # the scheduler's staging, as logged when its graph was reserved (the largest)
+        best = max(prefetch, key=lambda d: float(d["mib"]))
+        stats["prefetch"] = {"depth": int(best["depth"]), "staging_mib": float(best["mib"]),
+                             "splits": int(best["n"]), "of": int(best["of"])}
+    # a fit setup is fitted again under each switch setting, whose memory differs: its placement, hence its
+    # results, may differ too, so its hashes are not compared
+    same = not setup.fit_gib
+    rows = [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
+                digest=res["pp_digest"] if same else "", trace=res.get("pp_trace", {})),
+            Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"],
+                cache={**stats, "tg": res["tg"]} if res.get("tg") else stats, digest=res["tg_digest"] if same else "")]
+    if "first" in res:
+        f = res["first"]
+        rows.append(Row(setup.name, switches, "python", n_prompt, n_ubatch, f["n"], f["ts"],
+                        cache={"first": {k: v for k, v in f.items() if k not in ("digest", "trace")}},
+                        digest=f["digest"] if same else "", trace=f.get("trace", {})))
+    return rows
+
+
+Stats = dict[str, dict[str, float]] | None  # what Llama.moe_cache_stats() returns
+
+
+def _delta(before: Stats, after: Stats) -> MoeCacheStats | None:
+    """The counts between two ``moe_cache_stats()``, None without a cache."""
+    if not before or not after:
+        return None
+    return MoeCacheStats.from_dict(after) - MoeCacheStats.from_dict(before)
+
+
+def decode_hits(before: Stats, after: Stats) -> dict[str, float]:
+    """The MoE cache's hits, misses and hit rate between two ``moe_cache_stats()`` in decode steps (looked up on the
+    device, or on the host for ubatches of <= 8); empty without a cache."""
+    d = _delta(before, after)
+    if d is None:
+        return {}
+    hits, misses = d.hits("device", "small")
+    return {"hits": hits, "misses": misses, "hit_rate": 100.0 * hits / max(hits + misses, 1)}
+
+
+def prompt_copies(before: Stats, after: Stats) -> dict[str, float] | None:
+    """What the prefetch through the MoE cache copied for the large ubatches between two ``moe_cache_stats()``, per
+    ubatch: batched copy calls, regions, MiB copied from the cache (device to device) and MiB uploaded (PCIe); None
+    without a cache, a large ubatch or a copy through the cache."""
+    d = _delta(before, after)
+    if d is None or d.n_ubatch_large <= 0 or d.n_prefetch_calls == 0:
+        return None
+    n = d.n_ubatch_large
+    return {"ubatches": n, "calls": d.n_prefetch_calls / n, "regions": d.n_prefetch_regions / n,
+            "cache": d.bytes_prefetch_cache / n / 2**20, "host": d.bytes_prefetch_host / n / 2**20}
+
+
+def prompt_seeds(before: Stats, after: Stats) -> dict[str, float] | None:
+    """The seeds of the MoE cache between two ``moe_cache_stats()``: seeding ubatches and the experts admitted;
+    None without a cache or a seed."""
+    d = _delta(before, after)
+    if d is None or d.n_seed_ubatch == 0:
+        return None
+    return {"ubatches": d.n_seed_ubatch, "experts": d.n_seeded}

@@ -1,0 +1,219 @@
+"""``python -m pyllama_moe bench``: prompt and generation speed, setup by setup, side by side.
+
+Runs a matrix of placements (all on the GPU, experts in host memory with mmap or pinned memory,
+the MoE cache at fractions of the expert bytes; with ``--dense``, a dense model all on the GPU and
+half in host memory), each with every kill switch given by ``--switch`` both unset (our behaviour)
+and set to 0, and with ``--upstream`` all of them at 0 (upstream's behaviour), through the native tools of our patched
+build (``llama-bench`` for prompt/generation, ``llama-batched-bench`` where the MoE cache is on, as
+``llama-bench`` has no cache option) and through the Python API (``Llama.eval`` for the longest
+prompt at the largest ubatch, greedy ``create_completion`` for generation), so the Python overhead
+is visible. Prints one markdown table and writes the rows as JSON, with the cache's own statistics
+and the host-to-device copy bandwidth measured in the same run.
+
+The Python runs also hash the logits of the prompt's last token and the greedy tokens: a kill
+switch must not change them, so every setup's hashes are compared across its switch settings and
+a mismatch is printed loudly (and makes the exit status 1).
+
+The table is the measurement: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyllama_moe.tools.bench.api import api_measure
+from pyllama_moe.tools.bench.gpu_trace import TraceSummary
+from pyllama_moe.tools.bench.matrix import (
+    DENSE_SETUPS,
+    KILL_SWITCHES,
+    MMAP_SUFFIX,
+    PRISTINE,
+    SETUPS,
+    setup_named,
+    upstream_switches,
+)
+from pyllama_moe.tools.bench.models import block_count, routing_regime, write_model
+from pyllama_moe.tools.bench.native import h2d_bandwidth, measure, tool_path
+from pyllama_moe.tools.bench.overhead import overhead, overhead_table
+from pyllama_moe.tools.bench.report import Row, mismatches, switch_label, table, upstream_differences
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``python -m pyllama_moe bench`` command: options, the matrix run setup by setup, the table; returns the
+    exit status (1 if a hash mismatched, a decision differed from upstream's or a run failed)."""
+    ap = argparse.ArgumentParser(prog="python -m pyllama_moe bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
+    ap.add_argument("--preset", help="make the model with pyllama_moe.tools.synth if the file does not exist")
+    ap.add_argument("--routing", default="realistic", choices=("realistic", "collapsed", "uniform"),
+                    help="with --preset: the routing regime of the model written (default realistic, like a trained "
+                         "MoE's; collapsed and uniform are the bounds)")
+    ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
+                                     "cache-<N>mib (a cache of N MiB), fit-<G>gib and fit-<G>gib-cache (fit=True "
+                                     "with G GiB of the GPU, without the cache and with moe_cache_mib='auto'); a cache "
+                                     "setup with -mmap appended loads the experts with mmap (e.g. cache-25-mmap)")
+    ap.add_argument("--dense", type=Path, help="a dense GGUF model for the dense-* setups (with --preset, written "
+                                               "there first if absent: the preset's shape as a dense qwen3)")
+    ap.add_argument("--upstream", action="store_true",
+                    help=f"also run every setup with all kill switches at 0 ({', '.join(KILL_SWITCHES)})")
+    ap.add_argument("--pristine", type=Path, metavar="DIR",
+                    help="also run the native tools of DIR, a build of the pinned upstream tree without our patches "
+                         "(ci/gpu.sh pristine makes one), on every setup: the 'pristine' rows, to put beside "
+                         "--upstream's")
+    ap.add_argument("--switch", action="append", default=[], metavar="ENV[=VALUE]",
+                    help="a switch: each setup runs with ENV unset and with ENV=VALUE (default 0: a kill switch; "
+                         "e.g. LLAMA_MOE_CACHE_DEVICE=1 for an opt-in feature) (repeatable)")
+    ap.add_argument("--pp", default="512,2048", help="prompt lengths (default 512,2048)")
+    ap.add_argument("--ub", default="512,2048", help="ubatch sizes (default 512,2048)")
+    ap.add_argument("--tg", type=int, default=128, help="tokens generated (default 128)")
+    ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (default 2)")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the Python overhead per token: create_completion vs a bare decode loop")
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="--overhead: layers on the GPU (default all)")
+    ap.add_argument("--no-api", action="store_true", help="only the native tools, not the Python API")
+    ap.add_argument("--no-native", action="store_true", help="only the Python API, not the native tools")
+    ap.add_argument("--warm", type=int, default=0, metavar="N",
+                    help="Python API: generate N tokens before the timed prompt, so the MoE cache is warm "
+                         "(the prompt path copies cached experts from it)")
+    ap.add_argument("--warmup", type=int, default=-1, metavar="N",
+                    help="Python API: evaluate the first N tokens of the prompt (at most a ubatch) once before timing "
+                         "it (default: a whole ubatch, as llama-bench warms up with the prompt; 0: none)")
+    ap.add_argument("--first", type=int, default=0, metavar="N",
+                    help="Python API: N greedy tokens continue the timed prompt: their speed, the MoE cache's hit "
+                         "rate in those decode steps and the time with the prompt (what the seed of the cache changes)")
+    ap.add_argument("--trace", action="store_true",
+                    help="Python API: record what the GPU did in the timed prompt and the --first tokens (PyTorch's "
+                         "profiler: kernels and copies per stream, copy time under compute) and print a summary")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="Python API: evaluate the prompt in batches of N tokens, only the last one with an output, as "
+                         "llama-server's -b (default: the whole prompt in one batch)")
+    ap.add_argument("--api-every-ub", action="store_true",
+                    help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
+                         "is then compared across the switches at each)")
+    args = ap.parse_args(argv)
+
+    for path, dense in ((args.model, False), (args.dense, True)):
+        if path is None or path.exists():
+            continue
+        if not args.preset:
+            ap.error(f"{path} does not exist (give --preset to make it)")
+        print(f"writing {'a dense ' if dense else ''}{args.preset} to {path} ...", file=sys.stderr, flush=True)
+        write_model(path, args.preset, dense, progress=sys.stderr.isatty(), routing=args.routing)
+    if args.overhead:
+        rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
+        print(overhead_table(rows_o))
+        if args.json:
+            args.json.write_text(json.dumps({"model": str(args.model), "overhead": rows_o}, indent=1))
+        return 0
+    if args.setups is None:
+        names = [n for n in SETUPS if args.dense or n not in DENSE_SETUPS]
+    else:
+        names = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [n for n in names if setup_named(n) is None]
+    if unknown:
+        ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib, fit-<G>gib[-cache], "
+                 f"a cache setup + {MMAP_SUFFIX}")
+    if args.no_api and args.no_native:
+        ap.error("--no-api and --no-native leave nothing to run")
+    if not args.dense and any(n in DENSE_SETUPS for n in names):
+        ap.error("the dense-* setups need --dense MODEL")
+    if args.trace and (args.no_api or importlib.util.find_spec("torch") is None):
+        ap.error("--trace traces the Python API runs through PyTorch's profiler: it needs PyTorch, and not --no-api")
+    from pyllama_moe import backend
+
+    gpu = backend.gpu_available()
+    pp = [int(x) for x in args.pp.split(",")]
+    ub = sorted(int(x) for x in args.ub.split(","))
+    settings: list[dict[str, str]] = [{}]
+    settings += [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
+    if args.upstream:
+        settings.append(upstream_switches())
+    if args.pristine:
+        if args.no_native:
+            ap.error("--pristine runs native tools: not with --no-native")
+        for name in ("llama-bench", "llama-batched-bench"):
+            try:
+                tool_path(name, args.pristine)
+            except FileNotFoundError as e:
+                ap.error(f"--pristine: {e}")
+        settings.append(PRISTINE)
+    rows: list[Row] = []
+    skipped: list[str] = []
+    failed: list[str] = []
+    bw: dict[str, float] = {}
+    regime = routing_regime(args.model)
+
+    def save() -> None:  # after every run, so an interrupted matrix keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps({"model": str(args.model), "routing": regime,
+                                             "dense": str(args.dense or ""), "h2d_gbps": bw,
+                                             "mismatches": mismatches(rows) + upstream_differences(rows),
+                                             "failed": failed, "rows": [dataclasses.asdict(r) for r in rows]},
+                                            indent=1))
+
+    for name in names:
+        setup = setup_named(name)
+        assert setup is not None
+        if (setup.needs_gpu or setup.has_cache) and not gpu:
+            skipped.append(name)
+            continue
+        if setup.fit_gib and args.no_api:
+            skipped.append(f"{name} (Python only, --no-api)")
+            continue
+        model = args.dense if setup.dense else args.model
+        if setup.dense:
+            setup = setup.resolve(block_count(model))
+        for sw in settings:
+            print(f"bench: {name} {switch_label(sw)}", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            try:
+                pristine = sw == PRISTINE
+                if not args.no_native:
+                    rows += measure(model, setup, sw, pp, ub, args.tg, args.reps,
+                                    tools=args.pristine if pristine else None)
+                if not args.no_api and not pristine:  # the Python API runs our library only
+                    api_ub = [u for u in ub if u <= max(pp)]
+                    for u in (api_ub if args.api_every_ub else api_ub[-1:]):
+                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first,
+                                            trace=args.trace, warmup=args.warmup, batch=args.batch)
+            except RuntimeError as e:  # a failing run is reported, the others still run
+                failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
+                print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)
+            print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            save()
+    bw = h2d_bandwidth(mapped=args.model) if gpu else {}
+    print(f"{args.model.name}: {regime} routing; prompts and decoded tokens are real text (bench_text)\n")
+    print(table(rows))
+    placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
+    for name, pl in placed.items():  # where the fit put the weights
+        print(f"\n{name}: " + ", ".join(f"{k}={v}" for k, v in pl.items()))
+    bad = mismatches(rows) + upstream_differences(rows)
+    traced = [r for r in rows if r.trace]
+    if traced:
+        print("\nGPU activity of the timed part (--trace; these runs' speeds include what recording costs):")
+    for r in traced:
+        what = f"pp{r.n_prompt} ub{r.n_ubatch}" + (f" + {r.n_gen} tokens after it" if r.n_gen else "")
+        print(f"- {r.setup} {switch_label(r.switches)} {what}: {TraceSummary(**r.trace).line()}")
+    for line in bad:
+        print(f"\n!!! {line}")
+    if bw:
+        labels = {"mapped": "the model's mapped pages (load mode mmap)"}
+        print("\nhost-to-device copy: " + ", ".join(f"{labels.get(k, k)} {v:.1f} GB/s" for k, v in bw.items()))
+    if skipped:
+        print(f"\nnot run (no GPU, or Python-only with --no-api): {', '.join(skipped)}")
+    for f in failed:
+        print(f"\n!!! FAILED {f}")
+    save()
+    return 1 if bad or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

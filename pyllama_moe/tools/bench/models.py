@@ -1,0 +1,47 @@
+"""The bench's models: written with :mod:`pyllama_moe.tools.synth` where absent, and what their GGUF headers say
+(the routing regime, the bytes of the experts, the layers), read once by :class:`pyllama_moe.gguf_info.GGUFInfo`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyllama_moe.gguf_info import GGUFInfo
+
+# --dense with --preset 30b-a3b: about 8 GiB at q4_0, a Qwen3-8B-like shape
+DENSE_SHAPE: dict[str, Any] = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
+
+
+def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False,
+                routing: str = "realistic") -> None:
+    """The bench's model of ``preset`` (with ``dense``: the preset as a dense qwen3, of DENSE_SHAPE for 30b-a3b), its
+    routing regime ``routing`` (see ``synth``)."""
+    from pyllama_moe.tools.synth import writer
+
+    if dense:
+        writer.write_model(path, preset, arch="qwen3", progress=progress,
+                           **(DENSE_SHAPE if preset == "30b-a3b" else {}))
+    else:
+        writer.write_model(path, preset, progress=progress, routing=routing)
+
+
+def routing_regime(model: Path) -> str:
+    """The routing regime a synthetic model was written with (``pyllama_moe.synth.routing``; files from before
+    the key: ``collapsed`` with positive scales, else ``uniform`` or ``skew``), ``-`` for other models."""
+    from pyllama_moe.tools.synth import shapes, writer
+
+    meta = GGUFInfo.read(model).meta
+    routing, signs = meta.get(writer.META_PREFIX + "routing"), meta.get(writer.META_PREFIX + "scale_signs")
+    if routing is None and signs is None:
+        return "-"  # not a synthetic model
+    return shapes.regime_of(routing or "", float(meta.get(writer.META_PREFIX + "skew", 0.0)), signs or "")
+
+
+def expert_bytes(model: Path) -> int:
+    """Bytes of the expert tensors of a GGUF (read through ggml's gguf reader, no data loaded)."""
+    return GGUFInfo.read(model).expert_bytes
+
+
+def block_count(model: Path) -> int:
+    """The GGUF's ``{architecture}.block_count``."""
+    return GGUFInfo.read(model).require_block_count()

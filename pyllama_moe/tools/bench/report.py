@@ -1,0 +1,119 @@
+"""The bench's results: one :class:`Row` per measurement, the checks across switch settings (hashes that must not
+differ, decisions that must equal upstream's) and the markdown table."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from pyllama_moe.tools.bench.matrix import PRISTINE, UPSTREAM, upstream_switches
+
+
+@dataclasses.dataclass
+class Row:
+    setup: str
+    switches: dict[str, str]
+    tool: str
+    n_prompt: int
+    n_ubatch: int
+    n_gen: int
+    tokens_per_s: float
+    stddev: float = 0.0
+    cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    digest: str = ""  # Python runs: hash of the prompt's last logits (pp) or of the greedy tokens (tg)
+    trace: dict[str, Any] = dataclasses.field(default_factory=dict)  # --trace: gpu_trace.TraceSummary of the timed part
+
+
+def mismatches(rows: Iterable[Row]) -> list[str]:
+    """Setups whose hashes differ between switch settings (results a kill switch must not change)."""
+    seen: dict[tuple[str, str], dict[str, str]] = {}
+    for r in rows:
+        if r.digest:
+            seen.setdefault((r.setup, column(r)), {})[switch_label(r.switches)] = r.digest
+    return [f"MISMATCH {setup} {col}: " + ", ".join(f"{sw} -> {d}" for sw, d in by_sw.items())
+            for (setup, col), by_sw in seen.items() if len(set(by_sw.values())) > 1]
+
+
+def upstream_differences(rows: Iterable[Row]) -> list[str]:
+    """Where the rows of every kill switch at 0 (--upstream) differ from upstream's own tools (--pristine) in what
+    was decided: buffer sizes, cache slots, and the cache's hits, misses and MiB uploaded. Both must be equal."""
+    by: dict[tuple[str, str, str], dict[str, dict[str, dict[str, float]]]] = {}
+    for r in rows:
+        sw = switch_label(r.switches)
+        if r.tool != "python" and sw in ("upstream", "pristine") and r.cache:
+            by.setdefault((r.setup, column(r), r.tool), {})[sw] = r.cache
+    out = []
+    for (setup, col, _), got in by.items():
+        if len(got) < 2:
+            continue
+        ours, theirs = got["upstream"], got["pristine"]
+        for kind, values in theirs.items():
+            if kind == "decisions" or kind.startswith("ubatch"):
+                keys = sorted(values) if kind == "decisions" else ["hits", "misses", "uploaded_mib"]
+                for k in keys:
+                    a, b = ours.get(kind, {}).get(k), values.get(k)
+                    if a != b:
+                        out.append(f"DIFFERS {setup} {col} {kind} {k}: upstream {a} vs pristine {b}")
+    return out
+
+
+def switch_label(switches: dict[str, str]) -> str:
+    """How a switch setting is shown: ``-`` for none, ``upstream`` for every kill switch at 0, ``pristine`` for
+    the tools of an unpatched build (--pristine)."""
+    if switches and switches == upstream_switches():
+        return UPSTREAM
+    if switches == PRISTINE:
+        return "pristine"
+    return ",".join(f"{k}={v}" for k, v in sorted(switches.items())) or "-"
+
+
+def column(r: Row) -> str:
+    if r.n_prompt and r.n_gen:  # --first: the tokens that continue the prompt
+        return f"tg{r.n_gen} after pp{r.n_prompt}"
+    return f"pp{r.n_prompt} ub{r.n_ubatch}" if r.n_prompt else f"tg{r.n_gen}"
+
+
+def table(rows: Iterable[Row]) -> str:
+    """One line per setup and switch setting, one column per measurement, cache statistics last."""
+    rows = list(rows)
+    cols: list[str] = []
+    for r in rows:
+        if column(r) not in cols:
+            cols.append(column(r))
+    cols.sort(key=lambda c: (c.startswith("tg"), [int(x) for x in re.findall(r"\d+", c)]))
+    lines: dict[tuple[str, str, str], dict[str, str]] = {}
+    for r in rows:
+        sw = switch_label(r.switches)
+        cell = lines.setdefault((r.setup, sw, "python" if r.tool == "python" else "native"), {})
+        cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
+        small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
+        if small:
+            cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
+        if r.cache.get("tg"):  # the hit rate of the timed decode itself (the log's figures are the whole run's)
+            cell["cache"] = f"tg {r.cache['tg']['hit_rate']:.1f}% hits; " + cell.get("cache", "")
+        pf = r.cache.get("prefetch")
+        if pf:
+            cell["prefetch"] = f"{pf['staging_mib']:.0f} MiB x{pf['depth']}"
+        pc = r.cache.get("prompt copies")
+        if pc:
+            cell["prompt"] = f"{pc['calls']:.0f} calls, {pc['cache']:.0f} MiB cached, {pc['host']:.0f} MiB up"
+        ps = r.cache.get("prompt seeds")
+        if ps:  # the seeds of the timed prompt
+            cell["prompt"] = cell.get("prompt", "-") + f"; {ps['ubatches']:.0f} seeds, {ps['experts']:.0f} experts"
+        ft = r.cache.get("first")
+        if ft:
+            hits = f"{ft['hit_rate']:.1f}% hits, " if "hit_rate" in ft else ""
+            cell["first"] = f"{hits}{ft['s_with_prompt']:.2f} s with the prompt"
+    head = ["setup", "switches", "via", *cols, "cache (decode)", "prefetch staging", "prompt copies per ubatch"]
+    first = any("first" in cell for cell in lines.values())
+    if first:
+        head.append("tokens after the prompt")
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (setup, sw, via), cell in lines.items():
+        extra = [cell.get("first", "-")] if first else []
+        out.append("| " + " | ".join([setup, sw, via, *[cell.get(c, "-") for c in cols], cell.get("cache", "-"),
+                                      cell.get("prefetch", "-"), cell.get("prompt", "-"), *extra]) + " |")
+    return "\n".join(out)
+

@@ -1,0 +1,394 @@
+"""What a MoE model's routers select on real text, and what an expert cache would make of it.
+
+    python -m pyllama_moe routing MODEL.gguf [--text FILE] [--tokens 4096] [--json OUT]
+
+The experts each layer selects for every token are recorded through llama.cpp's eval callback (the
+``ffn_moe_argsort``/``ffn_moe_topk`` tensors of upstream's graph), together with each layer's router input
+(``ffn_norm``). Without ``--text`` the text is Python's own: the documentation of standard-library modules
+(``pydoc``) and their source code, which every machine with Python has. The report gives, per layer and overall:
+
+- coverage: the share of a layer's experts that covers 50% / 90% of its selections;
+- locality: the share of a token's experts that the token before it selected too, and the reuse distance (tokens
+  since the layer last selected the expert);
+- an LRU cache of 10 / 25 / 50 / 80% of all experts (one cache for every layer, looked up token by token as a decode
+  step looks it up): its hit rate;
+- prediction: the recall of layer l+1's experts by layer l+1's router applied to layer l's router input (top-K, and
+  within the top 2K), the figure a prefetch of the next layer's experts is built on.
+
+Public API: :func:`record`, :func:`report`, :func:`stdlib_text`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+CACHE_FRACTIONS = (0.10, 0.25, 0.50, 0.80)
+# modules whose documentation and source make the default text: broad topics, in a fixed order
+STDLIB_MODULES = ("json", "re", "pathlib", "argparse", "collections", "itertools", "functools", "datetime",
+                  "decimal", "fractions", "statistics", "random", "string", "textwrap", "difflib", "csv",
+                  "sqlite3", "email", "http.client", "urllib.parse", "socket", "threading", "subprocess",
+                  "logging", "unittest", "dataclasses", "typing", "enum", "heapq", "bisect", "zipfile",
+                  "tarfile", "hashlib", "base64", "calendar", "shutil", "tempfile", "glob", "fnmatch")
+
+
+# those of the calibration text of pyllama_moe.tools.moefy: none of the above
+CALIBRATION_MODULES = ("os", "io", "math", "cmath", "operator", "copy", "pickle", "struct", "codecs", "locale",
+                       "gettext", "configparser", "shlex", "html", "xml.dom.minidom", "ipaddress", "uuid", "secrets",
+                       "time", "sched", "queue", "asyncio", "contextlib", "abc", "weakref", "inspect", "ast", "dis",
+                       "pprint", "reprlib", "graphlib", "array", "mailbox", "mimetypes", "smtplib", "ftplib", "wave")
+
+
+def stdlib_text(n_chars: int = 60_000, source_share: float = 0.3, modules: Sequence[str] = STDLIB_MODULES) -> str:
+    """Documentation (``pydoc``'s plain text) and source code of standard-library modules, about ``n_chars``
+    characters, ``source_share`` of it code: text every machine with Python has, on many topics."""
+    import importlib
+    import inspect
+    import pydoc
+
+    docs, code = [], []
+    for name in modules:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        text = pydoc.render_doc(mod, renderer=pydoc.plaintext)  # type: ignore[attr-defined]  # not in typeshed
+        # paths and addresses differ between machines
+        text = "\n".join(ln for ln in text.splitlines() if not re.match(r"\s*(FILE|MODULE REFERENCE)\b", ln))
+        docs.append(re.sub(r"0x[0-9a-f]+", "0x0", text)[:4000])
+        try:
+            code.append(inspect.getsource(mod)[:3000])
+        except (OSError, TypeError):
+            pass
+    n_code = int(n_chars * source_share)
+    return ("\n\n".join(docs)[: n_chars - n_code] + "\n\n" + "\n\n".join(code)[:n_code]).strip()
+
+
+@dataclasses.dataclass
+class Recording:
+    """Per MoE layer: the experts each token selected (``[n_tokens, K]``, in the router's order) and the router's
+    input (``[n_tokens, n_embd]``; no entry where it was not recorded)."""
+
+    n_expert: int
+    topk: dict[int, npt.NDArray[np.int32]]
+    router_in: dict[int, npt.NDArray[np.float32]]
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.topk)
+
+
+def _tensor_array(lib: Any, ffi: Any, t: Any) -> npt.NDArray[Any]:
+    """The values of a computed tensor (any backend, views with their strides)."""
+    dtype = {lib.GGML_TYPE_F32: np.float32, lib.GGML_TYPE_I32: np.int32}[t.type]
+    n = int(lib.ggml_nbytes(t))
+    buf = bytearray(n)
+    lib.ggml_backend_tensor_get(t, ffi.from_buffer(buf), 0, n)
+    # [ne1, ne0] with the tensor's own strides: the top-k of an argsort is a view of its rows
+    return np.ndarray((int(t.ne[1]), int(t.ne[0])), dtype=dtype, buffer=buf,
+                      strides=(int(t.nb[1]), int(t.nb[0]))).copy()
+
+
+def capture(model: str | os.PathLike[str], tokens: Sequence[int], names: str, n_batch: int = 512, n_gpu_layers: int = 0,
+            threads: int | None = None) -> tuple[dict[str, npt.NDArray[Any]], int]:
+    """Evaluate ``tokens`` (in batches of ``n_batch``, every token an output) and keep the values of the graph's
+    tensors whose names (``ffn_norm-3``) match the regular expression ``names``, the rows of all batches together.
+    Returns them and the model's experts used per token (0 for a dense model)."""
+    from pyllama_moe import ContextError, DecodeError, ModelLoadError, backend
+    from pyllama_moe.llama_cpp import ffi, lib
+
+    backend.init()
+    mp = lib.llama_model_default_params()
+    mp.n_gpu_layers = n_gpu_layers
+    m = lib.llama_model_load_from_file(str(model).encode(), mp)
+    if m == ffi.NULL:
+        raise ModelLoadError(f"cannot load {model}")
+    got: dict[str, list[npt.NDArray[Any]]] = {}
+    pat = re.compile(names)
+
+    def cb(t: Any, ask: bool, _: Any) -> bool:
+        name = ffi.string(t.name).decode()
+        if pat.fullmatch(name) is None:
+            return False
+        if not ask:
+            got.setdefault(name, []).append(_tensor_array(lib, ffi, t))
+        return True
+
+    c_cb = ffi.callback("ggml_backend_sched_eval_callback", cb)
+    try:
+        cp = lib.llama_context_default_params()
+        cp.n_ctx = len(tokens) + 8
+        cp.n_batch = cp.n_ubatch = n_batch
+        if threads:
+            cp.n_threads = cp.n_threads_batch = threads
+        cp.cb_eval = c_cb
+        cp.cb_eval_user_data = ffi.NULL
+        ctx = lib.llama_init_from_model(m, cp)
+        if ctx == ffi.NULL:
+            raise ContextError("cannot create the context")
+        batch = lib.llama_batch_init(n_batch, 0, 1)
+        try:
+            for i in range(0, len(tokens), n_batch):
+                n = min(n_batch, len(tokens) - i)
+                # every token an output: the last layer then computes every row (else only the outputs')
+                for j in range(n):
+                    batch.token[j] = tokens[i + j]
+                    batch.pos[j] = i + j
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = 1
+                batch.n_tokens = n
+                rc = lib.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise DecodeError("llama_decode", rc)
+        finally:
+            lib.llama_batch_free(batch)
+            lib.llama_free(ctx)
+        n_expert_used = _n_expert_used(lib, m)
+    finally:
+        lib.llama_model_free(m)
+    return {name: np.concatenate(parts) for name, parts in got.items()}, n_expert_used
+
+
+def record(model: str | os.PathLike[str], tokens: Sequence[int], n_batch: int = 512, n_gpu_layers: int = 0,
+           router_inputs: bool = True, threads: int | None = None) -> Recording:
+    """Evaluate ``tokens`` and record what every MoE layer selected (and its router's input)."""
+    names = r"ffn_moe_argsort-\d+" + (r"|ffn_norm-\d+" if router_inputs else "")
+    got, n_expert_used = capture(model, tokens, names, n_batch, n_gpu_layers, threads)
+    sel = {int(k.rsplit("-", 1)[1]): a for k, a in got.items() if k.startswith("ffn_moe_argsort")}
+    if not sel or not n_expert_used:
+        raise ValueError(f"{model}: no MoE layer selected experts (not a MoE model?)")
+    # the argsort rows hold every expert, best first: the first n_expert_used are the selection
+    n_expert = next(iter(sel.values())).shape[1]
+    topk = {il: a[:, :n_expert_used].astype(np.int32) for il, a in sel.items()}
+    ins = {int(k.rsplit("-", 1)[1]): a.astype(np.float32) for k, a in got.items() if k.startswith("ffn_norm")}
+    return Recording(n_expert, topk, {il: a for il, a in ins.items() if il in topk})
+
+
+def _n_expert_used(lib: Any, m: Any) -> int:
+    from pyllama_moe.llama_cpp import ffi
+
+    arch = ffi.new("char[64]")
+    lib.llama_model_meta_val_str(m, b"general.architecture", arch, 64)
+    val = ffi.new("char[32]")
+    key = ffi.string(arch) + b".expert_used_count"
+    if lib.llama_model_meta_val_str(m, key, val, 32) < 0:
+        return 0  # dense
+    return int(ffi.string(val))
+
+
+# ---------------------------------------------------------------- statistics (numpy only)
+
+
+def coverage(sel: npt.NDArray[np.int32], n_expert: int, share: float) -> float:
+    """The share of the experts that covers ``share`` of the selections (the most selected first)."""
+    counts = np.sort(np.bincount(sel.ravel(), minlength=n_expert))[::-1]
+    need = share * counts.sum()
+    return float((np.searchsorted(np.cumsum(counts), need) + 1) / n_expert)
+
+
+def consecutive_overlap(sel: npt.NDArray[np.int32]) -> float:
+    """The mean share of a token's experts that the token before it selected too."""
+    if len(sel) < 2:
+        return 0.0
+    k = sel.shape[1]
+    same = [len(set(a) & set(b)) / k for a, b in zip(sel[1:].tolist(), sel[:-1].tolist(), strict=True)]
+    return float(np.mean(same))
+
+
+def reuse_distance(sel: npt.NDArray[np.int32]) -> float:
+    """The median number of tokens since the layer last selected the expert (first uses not counted)."""
+    last: dict[int, int] = {}
+    dist = []
+    for t, row in enumerate(sel.tolist()):
+        for e in row:
+            if e in last:
+                dist.append(t - last[e])
+            last[e] = t
+    return float(np.median(dist)) if dist else float("nan")
+
+
+def lru_hit_rate(rec: Recording, fraction: float) -> float:
+    """Hits / lookups of one LRU cache over every layer's experts holding ``fraction`` of them, looked up token by
+    token and layer by layer (the distinct experts of a token in a layer, as a decode step)."""
+    capacity = max(1, int(round(fraction * rec.n_expert * len(rec.layers))))
+    cache: OrderedDict[tuple[int, int], None] = OrderedDict()
+    hits = lookups = 0
+    n_tokens = len(next(iter(rec.topk.values())))
+    for t in range(n_tokens):
+        for il in rec.layers:
+            for e in set(rec.topk[il][t].tolist()):
+                key = (il, e)
+                lookups += 1
+                if key in cache:
+                    hits += 1
+                    cache.move_to_end(key)
+                else:
+                    cache[key] = None
+                    if len(cache) > capacity:
+                        cache.popitem(last=False)
+    return hits / lookups if lookups else 0.0
+
+
+def prediction_recall(rec: Recording, routers: dict[int, npt.NDArray[np.float32]]) -> dict[int, tuple[float, float]]:
+    """Per layer l+1: the recall of its selected experts by the top-K and the top-2K of its router applied to layer
+    l's router input (``routers[il]``: ``[n_expert, n_embd]``)."""
+    out = {}
+    layers = rec.layers
+    for a, b in zip(layers, layers[1:], strict=False):
+        if b != a + 1 or a not in rec.router_in or b not in routers:
+            continue
+        k = rec.topk[b].shape[1]
+        logits = rec.router_in[a] @ routers[b].T  # [n_tokens, n_expert]
+        order = np.argsort(-logits, axis=1)
+        truth = rec.topk[b]
+        r1 = np.mean([len(set(p[:k]) & set(tr)) / k for p, tr in zip(order.tolist(), truth.tolist(), strict=False)])
+        r2 = np.mean([len(set(p[:2 * k]) & set(tr)) / k
+                      for p, tr in zip(order.tolist(), truth.tolist(), strict=False)])
+        out[b] = (float(r1), float(r2))
+    return out
+
+
+def tensor_values(t: Any) -> npt.NDArray[np.float32]:
+    """The values of a tensor of a ``gguf.GGUFReader`` (any type gguf-py dequantizes), in numpy order."""
+    import gguf
+
+    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+        [int(d) for d in reversed(t.shape)])
+
+
+def router_weights(model: str | Path) -> dict[int, npt.NDArray[np.float32]]:
+    """Each layer's router (``ffn_gate_inp``) as ``[n_expert, n_embd]`` floats."""
+    import gguf
+
+    out = {}
+    for t in gguf.GGUFReader(model).tensors:
+        m = re.fullmatch(r"blk\.(\d+)\.ffn_gate_inp\.weight", t.name)
+        if m:
+            out[int(m.group(1))] = tensor_values(t)
+    return out
+
+
+def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = None) -> dict[str, Any]:
+    """The statistics of the module docstring, per layer and overall (means over the layers)."""
+    per_layer = {}
+    for il in rec.layers:
+        sel = rec.topk[il]
+        per_layer[il] = {"cover50": coverage(sel, rec.n_expert, 0.5), "cover90": coverage(sel, rec.n_expert, 0.9),
+                         "overlap": consecutive_overlap(sel), "reuse": reuse_distance(sel)}
+    pred = prediction_recall(rec, routers) if routers else {}
+    for il, (r1, r2) in pred.items():
+        per_layer[il]["recall_k"], per_layer[il]["recall_2k"] = r1, r2
+    overall: dict[str, Any] = {k: float(np.nanmean([v[k] for v in per_layer.values()]))
+                               for k in ("cover50", "cover90", "overlap", "reuse")}
+    if pred:
+        overall["recall_k"] = float(np.mean([r[0] for r in pred.values()]))
+        overall["recall_2k"] = float(np.mean([r[1] for r in pred.values()]))
+    overall["lru"] = {f"{int(f * 100)}%": lru_hit_rate(rec, f) for f in CACHE_FRACTIONS}
+    n_tokens = len(next(iter(rec.topk.values()))) if rec.topk else 0
+    k = next(iter(rec.topk.values())).shape[1] if rec.topk else 0
+    return {"n_tokens": n_tokens, "n_layers": len(rec.layers), "n_expert": rec.n_expert, "n_expert_used": k,
+            "overall": overall, "layers": per_layer}
+
+
+def cache_hit_rates(model: str | Path, tokens: Sequence[int], fractions: Sequence[float] = CACHE_FRACTIONS
+                    ) -> dict[str, dict[str, float]]:
+    """The MoE cache's own hit rates (GPU) on ``tokens`` decoded one at a time, experts in pinned host memory and a
+    cache of each fraction of them: the device lookup (with its admission) and the host LRU
+    (``LLAMA_MOE_CACHE_DEVICE=0``). Counted after the first 32 tokens (the cache fills). Empty without a GPU."""
+    from pyllama_moe import Llama, backend
+    from pyllama_moe.tools.bench.models import expert_bytes
+
+    if not backend.gpu_available():
+        return {}
+    mib = expert_bytes(Path(model)) >> 20
+    out: dict[str, dict[str, float]] = {}
+    for f in fractions:
+        row = {}
+        for path, device in (("device", "1"), ("host", "0")):
+            old = os.environ.get("LLAMA_MOE_CACHE_DEVICE")
+            os.environ["LLAMA_MOE_CACHE_DEVICE"] = device  # read when the context makes its cache
+            try:
+                with Llama(str(model), n_ctx=len(tokens) + 8, n_gpu_layers=-1, cpu_moe=True, load_mode="none",
+                           moe_cache_mib=max(1, int(f * mib)), verbose=False) as llm:
+                    kind = "device" if device == "1" else "small"
+                    for i, t in enumerate(tokens):
+                        if i == 32:
+                            before = llm.moe_cache_stats()
+                        llm.eval([t])
+                    after = llm.moe_cache_stats()
+            finally:
+                if old is None:
+                    os.environ.pop("LLAMA_MOE_CACHE_DEVICE", None)
+                else:
+                    os.environ["LLAMA_MOE_CACHE_DEVICE"] = old
+            assert before is not None and after is not None
+            hits = after[kind]["hits"] - before[kind]["hits"]
+            misses = after[kind]["misses"] - before[kind]["misses"]
+            row[path] = hits / (hits + misses) if hits + misses else 0.0
+        out[f"{int(f * 100)}%"] = row
+    return out
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    o = rep["overall"]
+    lines = [f"routing of {rep['n_tokens']} tokens, {rep['n_layers']} MoE layers, {rep['n_expert_used']} of "
+             f"{rep['n_expert']} experts", "",
+             "| layer | experts for 50% | experts for 90% | overlap with the token before | median reuse distance "
+             "| recall of the next layer (top-K / top-2K) |", "|---|---|---|---|---|---|"]
+
+    def row(name: str, v: dict[str, Any]) -> str:
+        rec = f"{v['recall_k']:.1%} / {v['recall_2k']:.1%}" if "recall_k" in v else "-"
+        return (f"| {name} | {v['cover50']:.1%} | {v['cover90']:.1%} | {v['overlap']:.1%} | {v['reuse']:.1f} tokens "
+                f"| {rec} |")
+
+    for il, v in rep["layers"].items():
+        lines.append(row(str(il), v))
+    lines.append(row("all (mean)", o))
+    lines += ["", "LRU cache of all layers' experts, hit rate: " +
+              ", ".join(f"{k} of the experts {v:.1%}" for k, v in o["lru"].items())]
+    if rep.get("cache"):
+        lines.append("the MoE cache itself (GPU, after 32 tokens), hit rate device lookup / host LRU: " +
+                     ", ".join(f"{k} {v['device']:.1%} / {v['host']:.1%}" for k, v in rep["cache"].items()))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pyllama_moe routing", description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--text", type=Path, help="a text file (default: Python's standard-library documentation and code)")
+    ap.add_argument("--tokens", type=int, default=4096, help="tokens of the text to evaluate (default 4096)")
+    ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU (default 0: the CPU)")
+    ap.add_argument("--json", type=Path, help="write the report as JSON too")
+    ap.add_argument("--cache", action="store_true",
+                    help="also decode the tokens through the MoE cache of each size (GPU): its own hit rates")
+    args = ap.parse_args(argv)
+
+    from pyllama_moe import Llama
+
+    text = args.text.read_text() if args.text else stdlib_text()
+    with Llama(str(args.model), vocab_only=True, verbose=False) as tok:
+        tokens = tok.tokenize(text.encode(), add_bos=True)[: args.tokens]
+    rec = record(args.model, tokens, n_gpu_layers=args.ngl)
+    rep = report(rec, router_weights(args.model))
+    if args.cache:
+        rep["cache"] = cache_hit_rates(args.model, tokens)
+    print(format_report(rep))
+    if args.json:
+        args.json.write_text(json.dumps(rep, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

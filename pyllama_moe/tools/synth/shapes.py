@@ -1,0 +1,454 @@
+"""The plan of a synthetic model: its architecture, shape and presets, and every tensor of the file with its type,
+size and how its values are made (see :mod:`pyllama_moe.tools.synth`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pyllama_moe.tools.synth import routing as synth_routing
+from pyllama_moe.tools.synth.vocab import QWEN2_N_VOCAB, _load_vocab
+
+ARCH_QWEN3MOE = "qwen3moe"
+ARCH_GPT_OSS = "gpt-oss"
+ARCH_QWEN3 = "qwen3"
+ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3)
+MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS})
+
+DENSE_STD = 0.02
+ROUTER_STD = 0.05
+BIAS_STD = 0.001  # small: a constant bias is a direction every token shares, which skews routing
+SINK_STD = 0.5
+Q4_0_SCALE = 0.02
+EXPERT_RMS = Q4_0_SCALE * math.sqrt(21.5)  # E[(nibble - 8)^2] = 21.25 + 0.25 for uniform nibbles
+
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+GGUF_ALIGNMENT = 32
+
+
+# --------------------------------------------------------------------------------------------
+# tensor types
+
+
+@dataclass(frozen=True)
+class GGMLType:
+    """A ggml tensor type: its name, ggml id, values per block and bytes per block."""
+
+    name: str
+    type_id: int
+    block_size: int
+    type_size: int
+    file_type: int  # the llama_ftype "mostly <type>" value for general.file_type
+
+    @property
+    def quantized(self) -> bool:
+        """Whether values come in blocks with a scale."""
+        return self.block_size > 1
+
+    def nbytes(self, n_elements: int) -> int:
+        """Bytes taken by ``n_elements`` values (a multiple of the block size)."""
+        return n_elements // self.block_size * self.type_size
+
+
+GGML_TYPES: dict[str, GGMLType] = {
+    "f32": GGMLType("f32", 0, 1, 4, 0),
+    "f16": GGMLType("f16", 1, 1, 2, 1),
+    "q4_0": GGMLType("q4_0", 2, 32, 18, 2),
+    "q8_0": GGMLType("q8_0", 8, 32, 34, 7),
+}
+EXPERT_TYPES: tuple[str, ...] = ("q4_0", "q8_0", "f16", "f32")
+DENSE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0", "q4_0")
+SCALE_SIGNS: tuple[str, ...] = ("auto", "positive", "random")
+# collapsed: positive scales (today's default); uniform: random signs; realistic: pyllama_moe.tools.synth.routing
+ROUTINGS: tuple[str, ...] = ("auto", "collapsed", "uniform", "realistic")
+
+
+def _ggml_type(name: str, param: str, allowed: Sequence[str]) -> GGMLType:
+    """The :class:`GGMLType` called ``name``; ValueError naming ``param`` if not in ``allowed``."""
+    if not isinstance(name, str) or name.lower() not in allowed:
+        raise ValueError(f"{param} must be one of {', '.join(allowed)}, got {name!r}")
+    return GGML_TYPES[name.lower()]
+
+
+# --------------------------------------------------------------------------------------------
+# shapes and presets
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The hyperparameters of a synthetic model.
+
+    ``n_ff`` is the FFN width of dense models (``qwen3``); MoE models record it as
+    ``feed_forward_length`` only. ``n_expert``, ``n_expert_used`` and ``n_ff_exp`` are 0 for dense
+    models. ``sliding_window`` is used by ``gpt-oss`` only (every other layer is sliding-window).
+    """
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff: int
+    context_length: int
+    rope_freq_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    sliding_window: int = 128
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the architecture is a mixture of experts."""
+        return self.arch in MOE_ARCHITECTURES
+
+    @property
+    def n_embd_q(self) -> int:
+        """Width of the query projection (``n_head * head_dim``)."""
+        return self.n_head * self.head_dim
+
+    @property
+    def n_embd_kv(self) -> int:
+        """Width of the key and value projections (``n_head_kv * head_dim``)."""
+        return self.n_head_kv * self.head_dim
+
+    def replace(self, **changes: Any) -> Shape:
+        """A copy with ``changes`` applied (not validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first parameter that llama.cpp would reject."""
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "arch":
+                continue
+            if f.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise ValueError(f"{f.name} must be an integer, got {value!r}")
+                if value < 0:
+                    raise ValueError(f"{f.name} must not be negative, got {value}")
+            elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                  or value <= 0):
+                raise ValueError(f"{f.name} must be a positive finite number, got {value!r}")
+        for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "context_length", "sliding_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_layer > LLAMA_MAX_LAYERS:
+            raise ValueError(f"n_layer must be at most {LLAMA_MAX_LAYERS}, got {self.n_layer}")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        if self.is_moe:
+            self._validate_moe()
+        else:
+            for name in ("n_expert", "n_expert_used", "n_ff_exp"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} must be 0 for the dense architecture {self.arch}, "
+                                     f"got {getattr(self, name)}")
+            if self.n_ff < 1:
+                raise ValueError(f"n_ff must be at least 1 for the dense architecture {self.arch}, got {self.n_ff}")
+
+    def _validate_moe(self) -> None:
+        """The MoE part of :meth:`validate`."""
+        if not 1 <= self.n_expert <= LLAMA_MAX_EXPERTS:
+            raise ValueError(f"n_expert must be in [1, {LLAMA_MAX_EXPERTS}] for {self.arch}, got {self.n_expert}")
+        if self.n_expert_used < 1:
+            raise ValueError(f"n_expert_used must be at least 1 for {self.arch}, got {self.n_expert_used}")
+        if self.n_expert_used > self.n_expert:
+            raise ValueError(f"n_expert_used ({self.n_expert_used}) must not exceed n_expert ({self.n_expert})")
+        if self.n_ff_exp < 1:
+            raise ValueError(f"n_ff_exp must be at least 1 for {self.arch}, got {self.n_ff_exp}")
+
+
+PRESETS: dict[str, Shape] = {
+    # about 250 KiB of layers besides the vocabulary-sized embedding and output (19 MiB each in f16)
+    "tiny": Shape(
+        arch=ARCH_QWEN3MOE, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16,
+        n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff=128, context_length=4096,
+    ),
+    # Qwen3-30B-A3B's shape: about 18.08 GiB with q4_0 experts (15552 MiB of them)
+    "30b-a3b": Shape(
+        arch=ARCH_QWEN3MOE, n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
+        n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff=6144, context_length=40960,
+    ),
+}
+
+SHAPE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Shape) if f.name != "arch")
+_EXPERT_FIELDS = ("n_expert", "n_expert_used", "n_ff_exp")
+
+
+def resolve_shape(preset: str = "tiny", arch: str | None = None, **overrides: Any) -> Shape:
+    """The validated :class:`Shape` of ``preset`` with ``arch`` and shape ``overrides`` applied.
+
+    A dense ``arch`` drops the preset's experts (``n_expert`` etc. become 0) unless they are
+    overridden, which is then an error.
+    """
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    unknown = sorted(set(overrides) - set(SHAPE_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown shape parameter {unknown[0]!r}; known: {', '.join(SHAPE_FIELDS)}")
+    shape = PRESETS[preset]
+    if arch is not None:
+        if not isinstance(arch, str) or arch not in ARCHITECTURES:
+            raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
+        shape = shape.replace(arch=arch)
+        if arch not in MOE_ARCHITECTURES:
+            shape = shape.replace(**{f: 0 for f in _EXPERT_FIELDS})
+    shape = shape.replace(**{k: v for k, v in overrides.items() if v is not None})
+    shape.validate()
+    return shape
+
+
+# --------------------------------------------------------------------------------------------
+# the plan: every tensor of the file
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor of the file.
+
+    ``shape`` is in ggml order (``ne0`` first: the row length), as GGUF stores it; numpy order is
+    the reverse. ``init`` says how its values are made: ``normal`` (``std``), ``ones``, ``router``
+    (normal plus the skew), ``vbias`` (qwen3moe's skew value bias). ``role`` is one of ``expert``,
+    ``ffn``, ``attn``, ``embd``, ``norm``, ``router``, ``bias``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    type: GGMLType
+    init: str
+    std: float
+    role: str
+    signed: bool = True  # quantized: random scale signs (else all positive)
+
+    @property
+    def n_elements(self) -> int:
+        """Number of values."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data (without alignment padding)."""
+        return self.type.nbytes(self.n_elements)
+
+    @property
+    def byte_shape(self) -> tuple[int, ...]:
+        """numpy-order shape of the raw bytes (the last axis is the bytes of one row)."""
+        rows = tuple(reversed(self.shape[1:]))
+        return (*rows, self.type.nbytes(self.shape[0]))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """All tensors of a synthetic model, in file order, and their sizes."""
+
+    shape: Shape
+    expert_type: str
+    dense_type: str
+    n_vocab: int
+    skew: float
+    tensors: tuple[TensorPlan, ...]
+    scale_signs: str = "random"
+    routing: str = ""  # "realistic", or "" (the routing follows from skew and scale_signs)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor data without padding."""
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of the expert tensors (``*_exps.weight``)."""
+        return sum(t.nbytes for t in self.tensors if t.role == "expert")
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the file's data section (tensors padded to the GGUF alignment)."""
+        return sum(_pad(t.nbytes) for t in self.tensors)
+
+    @property
+    def regime(self) -> str:
+        """The routing regime (:func:`regime_of`)."""
+        return regime_of(self.routing, self.skew, self.scale_signs)
+
+    def by_name(self) -> dict[str, TensorPlan]:
+        """The tensors keyed by name."""
+        return {t.name: t for t in self.tensors}
+
+    def rows(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """``(name, ggml shape, type name)`` of every tensor."""
+        return [(t.name, t.shape, t.type.name) for t in self.tensors]
+
+
+def regime_of(routing: str, skew: float, scale_signs: str) -> str:
+    """A model's routing regime: ``realistic`` (``routing``), else ``skew``, ``collapsed`` (positive scales) or
+    ``uniform``, as ``skew`` and ``scale_signs`` say (also for files written before the ``routing`` key)."""
+    if routing:
+        return routing
+    if skew > 0:
+        return "skew"
+    return "collapsed" if scale_signs == "positive" else "uniform"
+
+
+def _pad(n: int, align: int = GGUF_ALIGNMENT) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
+    return (n + align - 1) // align * align
+
+
+def plan(
+    preset: str = "tiny",
+    *,
+    arch: str | None = None,
+    expert_type: str = "q4_0",
+    dense_type: str = "f16",
+    skew: float = 0.0,
+    n_vocab: int | None = None,
+    vocab_path: str | os.PathLike[str] | None = None,
+    scale_signs: str = "auto",
+    routing: str = "auto",
+    **shape_overrides: Any,
+) -> Plan:
+    """Every tensor that :func:`write_model` would write, with its shape, type and size.
+
+    Writes nothing. ``n_vocab`` defaults to the token count of ``vocab_path`` if given, else to the
+    qwen2 vocabulary's 151936. ``scale_signs`` is ``positive``, ``random`` or ``auto`` (positive
+    without skew, random with it; see the module docstring). ``routing`` is ``collapsed`` (positive
+    scales), ``uniform`` (random ones), ``realistic`` (:mod:`pyllama_moe.tools.synth.routing`; qwen3moe only,
+    random scales) or ``auto`` (as ``scale_signs`` and ``skew`` say).
+    """
+    shape = resolve_shape(preset, arch, **shape_overrides)
+    etype = _ggml_type(expert_type, "expert_type", EXPERT_TYPES)
+    dtype = _ggml_type(dense_type, "dense_type", DENSE_TYPES)
+    skew = _check_skew(skew, shape)
+    if n_vocab is None:
+        n_vocab = _load_vocab(Path(vocab_path)).n_tokens if vocab_path is not None else QWEN2_N_VOCAB
+    if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1:
+        raise ValueError(f"n_vocab must be a positive integer, got {n_vocab!r}")
+    _check_blocks(shape, etype, dtype)
+    if scale_signs not in SCALE_SIGNS:
+        raise ValueError(f"scale_signs must be one of {', '.join(SCALE_SIGNS)}, got {scale_signs!r}")
+    scale_signs = _routing_signs(routing, scale_signs, skew, shape)
+    if scale_signs == "auto":
+        scale_signs = "random" if skew > 0 else "positive"
+    realistic = routing == "realistic"
+    tensors = tuple(_tensor_list(shape, etype, dtype, n_vocab, skew > 0))
+    if realistic:
+        synth_routing.layout(shape.n_embd, shape.head_dim, shape.n_expert, shape.n_layer, shape.rope_freq_base)
+        tensors = tuple(dataclasses.replace(t, init="realistic") if _realistic_tensor(t.name) else t for t in tensors)
+    if scale_signs == "positive":
+        tensors = tuple(dataclasses.replace(t, signed=False) for t in tensors)
+    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs, "realistic" if realistic else "")
+
+
+def _routing_signs(routing: str, scale_signs: str, skew: float, shape: Shape) -> str:
+    """The scale signs that ``routing`` implies; ValueError where it contradicts the other arguments."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    if routing == "auto":
+        return scale_signs
+    if skew > 0:
+        raise ValueError(f"routing={routing!r} and skew={skew} both set the routing: give one")
+    want = "positive" if routing == "collapsed" else "random"
+    if scale_signs not in ("auto", want):
+        raise ValueError(f"routing={routing!r} needs scale_signs={want!r}, got {scale_signs!r}")
+    if routing == "realistic" and shape.arch != ARCH_QWEN3MOE:
+        raise ValueError(f"routing='realistic' needs the {ARCH_QWEN3MOE} arch, got {shape.arch}")
+    return want
+
+
+def _realistic_tensor(name: str) -> bool:
+    """Whether the realistic routing writes (part of) tensor ``name`` (its router aside)."""
+    recency_head = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
+    return name == "token_embd.weight" or name in recency_head or name.endswith((".attn_output.weight",
+                                                                                ".ffn_down_exps.weight"))
+
+
+def _check_skew(skew: float, shape: Shape) -> float:
+    """``skew`` as a float; ValueError if negative, not finite, or set for a dense model."""
+    if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not math.isfinite(skew) or skew < 0:
+        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
+    if skew > 0 and not shape.is_moe:
+        raise ValueError(f"skew needs a mixture-of-experts arch ({', '.join(sorted(MOE_ARCHITECTURES))}), "
+                         f"got {shape.arch}")
+    return float(skew)
+
+
+def _check_blocks(shape: Shape, etype: GGMLType, dtype: GGMLType) -> None:
+    """ValueError if a row of a quantized tensor is not a whole number of blocks."""
+    ffn_rows = {"n_embd": shape.n_embd}
+    ffn_rows.update({"n_ff_exp": shape.n_ff_exp} if shape.is_moe else {"n_ff": shape.n_ff})
+    for name, n in ffn_rows.items():
+        if n % etype.block_size:
+            raise ValueError(f"expert_type {etype.name} needs {name} to be a multiple of {etype.block_size}, got {n}")
+    for name, n in {"n_embd": shape.n_embd, "n_head * head_dim": shape.n_embd_q}.items():
+        if n % dtype.block_size:
+            raise ValueError(f"dense_type {dtype.name} needs {name} to be a multiple of {dtype.block_size}, got {n}")
+
+
+def _tensor_list(shape: Shape, etype: GGMLType, dtype: GGMLType, n_vocab: int, skewed: bool) -> Iterator[TensorPlan]:
+    """The tensors of ``shape``'s architecture, in file order."""
+    f32 = GGML_TYPES["f32"]
+    yield TensorPlan("token_embd.weight", (shape.n_embd, n_vocab), dtype, "normal", DENSE_STD, "embd")
+    for il in range(shape.n_layer):
+        yield from _layer_tensors(shape, il, etype, dtype, skewed)
+    yield TensorPlan("output_norm.weight", (shape.n_embd,), f32, "ones", 0.0, "norm")
+    yield TensorPlan("output.weight", (shape.n_embd, n_vocab), dtype, "normal", DENSE_STD, "embd")
+
+
+def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skewed: bool) -> Iterator[TensorPlan]:
+    """The tensors of block ``il``."""
+    f32 = GGML_TYPES["f32"]
+    gpt_oss = shape.arch == ARCH_GPT_OSS
+    n_embd, n_q, n_kv = shape.n_embd, shape.n_embd_q, shape.n_embd_kv
+
+    def t(name: str, dims: tuple[int, ...], typ: GGMLType, init: str, std: float, role: str) -> TensorPlan:
+        return TensorPlan(f"blk.{il}.{name}", dims, typ, init, std, role)
+
+    yield t("attn_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
+    yield t("attn_q.weight", (n_embd, n_q), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_k.weight", (n_embd, n_kv), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_v.weight", (n_embd, n_kv), dtype, "normal", DENSE_STD, "attn")
+    if gpt_oss:
+        yield t("attn_q.bias", (n_q,), f32, "normal", BIAS_STD, "bias")
+        yield t("attn_k.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
+        yield t("attn_v.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
+    elif shape.arch == ARCH_QWEN3MOE and skewed:
+        yield t("attn_v.bias", (n_kv,), f32, "vbias", 0.0, "bias")
+    yield t("attn_output.weight", (n_q, n_embd), dtype, "normal", DENSE_STD, "attn")
+    if gpt_oss:
+        yield t("attn_output.bias", (n_embd,), f32, "normal", BIAS_STD, "bias")
+        yield t("attn_sinks.weight", (shape.n_head,), f32, "normal", SINK_STD, "attn")
+        yield t("post_attention_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
+    else:
+        yield t("attn_q_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
+        yield t("attn_k_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
+        yield t("ffn_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
+    if not shape.is_moe:
+        yield t("ffn_gate.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
+        yield t("ffn_up.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
+        yield t("ffn_down.weight", (shape.n_ff, n_embd), etype, "normal", EXPERT_RMS, "ffn")
+        return
+    n_exp, n_ff_exp = shape.n_expert, shape.n_ff_exp
+    yield t("ffn_gate_inp.weight", (n_embd, n_exp), f32, "router", ROUTER_STD, "router")
+    if gpt_oss:
+        yield t("ffn_gate_inp.bias", (n_exp,), f32, "router", BIAS_STD, "bias")
+    yield t("ffn_gate_exps.weight", (n_embd, n_ff_exp, n_exp), etype, "normal", EXPERT_RMS, "expert")
+    yield t("ffn_up_exps.weight", (n_embd, n_ff_exp, n_exp), etype, "normal", EXPERT_RMS, "expert")
+    yield t("ffn_down_exps.weight", (n_ff_exp, n_embd, n_exp), etype, "normal", EXPERT_RMS, "expert")
+    if gpt_oss:
+        yield t("ffn_gate_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
+        yield t("ffn_up_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
+        yield t("ffn_down_exps.bias", (n_embd, n_exp), f32, "normal", BIAS_STD, "bias")

@@ -1,0 +1,147 @@
+"""GGUF files with a hyperparameter or a vocabulary the model cannot run with (issue #27, patch 0018): the load
+raises ModelLoadError naming the reason (a tokenizer model that does not fit the vocabulary: ValueError at the first
+tokenize, which gave ids of -1 before). They ended the process with a GGML_ASSERT before, at the load or at the
+first decode; all of them load in one child process, which must exit normally."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.models import model_path
+
+gguf = pytest.importorskip("gguf")
+
+class Patcher:
+    """Copies of a GGUF file with bytes of its metadata changed in place: the file is parsed once (its vocabulary
+    takes seconds to read), each copy only writes a few bytes."""
+
+    def __init__(self, src: Path) -> None:
+        self.src = src
+        self.r = gguf.GGUFReader(src)
+        self.arch = self.r.fields["general.architecture"].contents()
+
+    def _offset(self, part: Any) -> int:
+        return int(part.__array_interface__["data"][0] - self.r.data.__array_interface__["data"][0])
+
+    def patches(self, key: str, value: Any) -> list[tuple[int, bytes]]:
+        """(offset, bytes) that give key the value (a number), hide it (None: the name's last letter changed, the key
+        reads as missing) or, for the tokens, ("dup",): a token's text the same as the first one of its length."""
+        f = self.r.fields[key]
+        if value is None:
+            return [(self._offset(f.parts[1]) + len(f.parts[1]) - 1, b"~")]
+        if value == ("dup",):
+            texts = [bytes(f.parts[i]) for i in f.data]
+            a = next(i for i in range(1, len(texts)) if len(texts[i]) == len(texts[0]) and texts[i] != texts[0])
+            return [(self._offset(f.parts[f.data[a]]), texts[0])]
+        part = f.parts[f.data[0]]
+        if isinstance(value, bytes):  # a string of the same length
+            assert len(value) == len(part), (key, value)
+            return [(self._offset(part), value)]
+        return [(self._offset(part), part.dtype.type(value).tobytes())]
+
+    def copy(self, out: Path, edit: dict[str, Any]) -> Path:
+        shutil.copyfile(self.src, out)
+        with open(out, "r+b") as fh:
+            for key, value in edit.items():
+                for offset, data in self.patches(key, value):
+                    fh.seek(offset)
+                    fh.write(data)
+        return out
+
+
+def cases(arch: str) -> dict[str, tuple[dict[str, Any], str]]:
+    return {
+        "no_layers": ({f"{arch}.block_count": 0}, "block_count is 0"),
+        "too_many_layers": ({f"{arch}.block_count": 600}, "block_count is 600"),
+        "one_expert": ({f"{arch}.expert_count": 1}, "more than expert_count (1)"),
+        "too_many_experts": ({f"{arch}.expert_count": 100000}, "expert_count is 100000"),
+        "no_expert_count": ({f"{arch}.expert_count": None}, "more than expert_count (0)"),
+        "no_experts_used": ({f"{arch}.expert_used_count": 0}, "expert_used_count is 0 or missing"),
+        "missing_experts_used": ({f"{arch}.expert_used_count": None}, "expert_used_count is 0 or missing"),
+        "experts_used_above_count": ({f"{arch}.expert_used_count": 99}, "expert_used_count is 99"),
+        "negative_eps": ({f"{arch}.attention.layer_norm_rms_epsilon": -1.0}, "epsilon is -1"),
+        "nan_eps": ({f"{arch}.attention.layer_norm_rms_epsilon": math.nan}, "epsilon is nan"),
+        "zero_rope_base": ({f"{arch}.rope.freq_base": 0.0}, "rope.freq_base is 0"),
+        "inf_rope_base": ({f"{arch}.rope.freq_base": math.inf}, "rope.freq_base is inf"),
+        "duplicate_token": ({"tokenizer.ggml.tokens": ("dup",)}, "the same text"),
+        # rwkv's tokenizer over this BPE vocabulary: ids of -1 at the first tokenize
+        "tokenizer_model_mismatch": ({"tokenizer.ggml.model": b"rwkv"}, "does not fit its tokens"),
+    }
+
+
+CHILD = """
+import json, sys
+from pyllama_moe import Llama
+from pyllama_moe.errors import ModelLoadError
+out = {}
+for name, path in json.loads(sys.argv[1]).items():
+    try:
+        with Llama(path, n_ctx=64, verbose=False) as llm:
+            llm.tokenize("hello world \u4e2d".encode())
+            llm("hi", max_tokens=2)
+        out[name] = "loaded"
+    except (ModelLoadError, ValueError) as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_bad_files_are_load_errors(tmp_path: Path) -> None:
+    pt = Patcher(model_path("qwen3moe"))
+    table = cases(pt.arch)
+    paths = {name: str(pt.copy(tmp_path / f"{name}.gguf", edit)) for name, (edit, _) in table.items()}
+    paths["unchanged"] = str(pt.copy(tmp_path / "unchanged.gguf", {}))  # the copy itself loads
+    res = subprocess.run([sys.executable, "-c", CHILD, json.dumps(paths)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"exit {res.returncode}: {res.stderr[-3000:]}"
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got.pop("unchanged") == "loaded"
+    for name, (_, reason) in table.items():
+        assert reason in got[name], (name, got[name])
+
+
+def test_kv_overrides_reach_the_same_checks() -> None:
+    from pyllama_moe.errors import ModelLoadError
+    from pyllama_moe.llama import Llama
+
+    with pytest.raises(ModelLoadError, match="expert_used_count is 99"):
+        Llama(str(model_path("qwen3moe")), n_ctx=64, verbose=False, kv_overrides={"qwen3moe.expert_used_count": 99})
+
+
+def test_a_model_that_routes_every_expert_runs(tmp_path: Path) -> None:
+    # 64 of 64 experts in 30 layers: build_moe_ffn's views and sums of the selected experts took more graph nodes
+    # than llama.cpp reserved, and the first graph aborted (GGML_ASSERT(obj_new)); patch 0018 counts them
+    from pyllama_moe.tools import synth
+
+    path = synth.write_model(tmp_path / "all.gguf", "tiny", seed=2, n_layer=30, n_expert=64, n_expert_used=64)
+    code = ("import sys\nfrom pyllama_moe import Llama\n"
+            "with Llama(sys.argv[1], n_ctx=64, verbose=False) as llm:\n"
+            "    print('TOKENS', llm('hi', max_tokens=3, temperature=0)['usage']['completion_tokens'])")
+    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "TOKENS 3" in res.stdout, f"exit {res.returncode}: {res.stderr[-2000:]}"
+
+
+def test_a_tensor_count_one_too_low_is_refused(tmp_path: Path) -> None:
+    # the header's tensor count one too low: ggml read every tensor a few bytes off and the model ran, on garbage
+    import struct
+
+    from pyllama_moe.errors import ModelLoadError
+    from pyllama_moe.llama import Llama
+
+    path = tmp_path / "count.gguf"
+    shutil.copyfile(model_path("qwen3moe"), path)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        (n,) = struct.unpack("<Q", f.read(8))
+        f.seek(8)
+        f.write(struct.pack("<Q", n - 1))
+    with pytest.raises(ModelLoadError, match="bytes follow the data of its"):
+        Llama(str(path), n_ctx=64, verbose=False)
+    Llama(str(model_path("qwen3moe")), n_ctx=64, verbose=False).close()  # the file as written loads

@@ -1,0 +1,209 @@
+"""On a GPU: the MoE cache looked up on the device (GGML_OP_MOE_CACHE_LOOKUP, patch 0009) gives the
+same logits, byte for byte, and the same greedy tokens as the host lookup (LLAMA_MOE_CACHE_DEVICE=0),
+for an architecture without and one with per-expert biases, and its counts reach Python."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyllama_moe.ffi import lib
+from pyllama_moe.llama import Llama
+
+from fixtures.native import greedy, model
+
+pytestmark = pytest.mark.gpu
+PROMPT = "The quick brown fox jumps over the lazy dog"
+LONG = " ".join([PROMPT] * 8)  # more than 32 tokens: the prompt takes the host path, decode the device
+
+
+@pytest.fixture(scope="module", params=["qwen3moe", "gpt-oss"])
+def moe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pyllama_moe.tools import synth
+
+    return synth.write_model(tmp_path_factory.mktemp("mc") / f"{request.param}.gguf", "tiny", arch=request.param,
+                             skew=1.0, seed=9, n_layer=4)
+
+
+def run(monkeypatch: pytest.MonkeyPatch, path: Path, device: str, prompt: str, cache_bytes: int = 8 << 20
+        ) -> tuple[list[int], np.ndarray]:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)  # read when the context creates its cache
+    with model(path, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+        return greedy(m, prompt, 24, moe_cache_size=cache_bytes)
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, LONG])
+def test_device_lookup_is_byte_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, prompt: str) -> None:
+    host_tokens, host_logits = run(monkeypatch, moe, "0", prompt)
+    dev_tokens, dev_logits = run(monkeypatch, moe, "1", prompt)
+    assert np.isfinite(dev_logits).all()
+    assert dev_tokens == host_tokens
+    assert dev_logits.tobytes() == host_logits.tobytes()
+
+
+def test_device_lookup_matches_all_on_gpu(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    # decode steps read the experts from their slots: the same weights as all on the GPU (for gpt-oss the
+    # all-GPU path fuses MUL_MAT_ID with the bias ADD_ID, the cached one cannot: same float ops, unfused)
+    with model(moe, n_gpu_layers=-1) as m:
+        gpu_tokens, gpu_logits = greedy(m, PROMPT, 24)
+    dev_tokens, dev_logits = run(monkeypatch, moe, "1", PROMPT)
+    assert dev_tokens == gpu_tokens
+    assert dev_logits.tobytes() == gpu_logits.tobytes()
+
+
+def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    # 32 KiB: a few slots of ~3.4 KiB for the 32 experts (4 layers x 8), less the gpt-oss biases' device copies:
+    # every decode step evicts, the CLOCK sweep and the uploads run
+    host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=32 << 10)
+    dev = run(monkeypatch, moe, "1", PROMPT, cache_bytes=32 << 10)
+    assert dev[0] == host[0] and dev[1].tobytes() == host[1].tobytes()
+
+
+@pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
+def test_admission_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
+    # patch 0012, on by default: misses used less often than the expert they would evict go through scratch
+    # slots (a cache too small for them, as 32 KiB for gpt-oss, caches every miss); LLAMA_MOE_CACHE_ADMIT=0
+    # caches every miss. The experts read are the same, so are the results
+    host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
+    admit = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT", "0")
+    clock = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
+    for res in (admit, clock):
+        assert res[0] == host[0] and res[1].tobytes() == host[1].tobytes()
+
+
+# a child process: ggml-cuda reads GGML_CUDA_PDL once per process
+CHILD = """
+import hashlib, sys
+from pyllama_moe.ffi import lib
+from fixtures.native import greedy, model
+with model(sys.argv[1], n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+    tokens, logits = greedy(m, sys.argv[2], 24, moe_cache_size=int(sys.argv[3]))
+print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
+def test_programmatic_launch_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
+    # patch 0017: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
+    # for every kernel): each must still see what the kernel before it wrote. A small cache evicts at every step
+    host_tokens, host_logits = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
+    want = f"{host_tokens} {hashlib.sha256(host_logits.tobytes()).hexdigest()}"
+    for pdl in ("1", "0"):
+        env = dict(os.environ, LLAMA_MOE_CACHE_DEVICE="1", GGML_CUDA_PDL=pdl)
+        got = subprocess.run([sys.executable, "-c", CHILD, str(moe), PROMPT, str(cache_bytes)], env=env,
+                             cwd=Path(__file__).parents[1], capture_output=True, text=True, check=True).stdout
+        assert got.strip().splitlines()[-1] == want, f"GGML_CUDA_PDL={pdl}"
+
+
+def test_stats_reach_python(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    for device in ("1", "0"):
+        monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)
+        with Llama(str(moe), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, moe_cache_mib=64, verbose=False) as llm:
+            llm("The quick brown fox", max_tokens=16, temperature=0)
+            stats = llm.moe_cache_stats()
+        assert stats is not None
+        looked_up = {p: stats[p]["hits"] + stats[p]["misses"] for p in ("small", "large", "device")}
+        if device == "1":
+            assert looked_up["device"] > 0 and looked_up["small"] == 0, stats
+            assert stats["device"]["bytes_uploaded"] > 0
+        else:
+            assert looked_up["device"] == 0 and looked_up["small"] > 0, stats
+
+
+def test_warmup_selecting_every_expert_does_not_abort(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    # llama.cpp's warmup routes each token to every expert: more than a small cache's slots; such a
+    # ubatch reads the host experts instead of building the lookup (whose asserts would abort)
+    from pyllama_moe.errors import ContextError, check_decode, check_ptr
+    from pyllama_moe.ffi import ffi
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "1")
+    with model(moe, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = 64
+        cparams.moe_cache_size = 32 << 10
+        ctx = check_ptr(lib.llama_init_from_model(m, cparams), ContextError, "cannot create the context")
+        try:
+            toks = ffi.new("llama_token[]", [1, 2])
+            lib.llama_set_warmup(ctx, True)
+            check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(toks, 2)))
+            lib.llama_set_warmup(ctx, False)
+            lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
+            check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(toks, 1)))
+        finally:
+            lib.llama_free(ctx)
+
+
+@pytest.mark.parametrize("materialize", ["0", "1", "2"])
+def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, materialize: str) -> None:
+    # patch 0013: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
+    # mapping (always with LLAMA_MOE_CACHE_MATERIALIZE=2), copied once into anonymous memory and mapped there;
+    # =0 keeps host lookups for what cannot be mapped. Any way, the tokens are those of the host lookups
+    def generate(device: str) -> tuple[str, dict]:
+        monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)
+        with Llama(str(moe), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="mmap", moe_cache_mib=8,
+                   verbose=False) as llm:
+            text = llm(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
+            return text, llm.moe_cache_stats()
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_MATERIALIZE", materialize)
+    host_text, host_stats = generate("0")
+    dev_text, dev_stats = generate("1")
+    assert dev_text == host_text
+    assert host_stats["device"]["hits"] + host_stats["device"]["misses"] == 0
+    if materialize == "2":  # the copy was made and mapped: decode looked up on the device
+        assert dev_stats["device"]["hits"] + dev_stats["device"]["misses"] > 0, dev_stats
+
+
+def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
+    # patch 0015 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in
+    # the cache device to device and uploads only the others, before the routing is known: the same logits and tokens
+    monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")  # the test's prompts are small
+
+    def generate(flag: str) -> tuple[list, dict]:
+        monkeypatch.setenv("LLAMA_MOE_CACHE_PREFETCH", flag)
+        with Llama(str(moe), n_ctx=512, n_batch=512, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=8,
+                   verbose=False) as llm:
+            first = llm(PROMPT, max_tokens=8, temperature=0)  # the decode fills the cache
+            # the rest of the long prompt is one large ubatch after it, then decode again
+            second = llm(LONG, max_tokens=8, temperature=0, logprobs=4)
+            choice = second["choices"][0]
+            return ([first["choices"][0]["text"], choice["text"], choice["logprobs"]["top_logprobs"]],
+                    llm.moe_cache_stats())
+
+    base, base_stats = generate("0")
+    ours, stats = generate("1")
+    assert ours == base
+    assert base_stats["copied"]["experts"] == 0  # prefetched whole from host memory
+    assert stats["copied"]["experts"] > 0, stats  # the cached ones from the cache
+    pf = stats["prefetch"]
+    assert pf["ubatches"] > 0 and pf["bytes_cache"] > 0 and base_stats["prefetch"]["regions"] == 0
+    assert 0 < pf["calls"] <= pf["regions"] and pf["bytes_cache"] + pf["bytes_host"] > 0
+
+
+def test_admission_history_survives_a_prompt(moe: Path) -> None:
+    # the device lookups count each expert's selections to admit by; a prompt between two decodes runs on the host
+    # lookup, and the decode after it goes on from the counts before it (patch 0012), not from zero. The cache holds
+    # every expert of the 4 x 8 and no count is halved (4 x 32 slots = 128 selections, 2 x 4 a token here)
+    with Llama(str(moe), n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=8, n_ctx=512,
+               verbose=False) as llm:
+        def selections() -> int:
+            stats = llm.moe_cache_stats()
+            assert stats is not None
+            return int(stats["admission"]["selections"])
+
+        per_token = 4 * 2  # layers x experts used
+        for _ in range(3):
+            llm.eval([llm.token_bos()])  # decode steps: device lookups
+        before = selections()
+        assert before == 3 * per_token
+        llm.eval(llm.tokenize(LONG.encode(), add_bos=False))  # more than 32 tokens: the host lookup
+        assert selections() == before  # kept on the host while the prompt runs
+        llm.eval([llm.token_bos()])
+        assert selections() == before + per_token

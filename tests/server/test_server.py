@@ -1,0 +1,315 @@
+"""The OpenAI-compatible server on loopback, driven by the real openai client."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from pyllama_moe.server import ModelSettings, ServerSettings, create_app, parse_args  # noqa: E402
+
+SMALL = {"n_ctx": 512, "n_batch": 64, "n_ubatch": 64, "verbose": False}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pyllama_moe.tools import synth
+
+    return synth.write_model(tmp_path_factory.mktemp("server") / "tiny.gguf", "tiny", seed=5)
+
+
+class Running:
+    def __init__(self, app: Any) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = "none") -> Any:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(tiny: Path) -> Iterator[Running]:
+    models = [ModelSettings(model=str(tiny), model_alias="tiny", **SMALL),
+              ModelSettings(model=str(tiny), model_alias="embed", embedding=True, pooling_type=1, **SMALL)]
+    r = Running(create_app(ServerSettings(interrupt_requests=False), models))
+    yield r
+    r.stop()
+
+
+def test_completion(server: Running) -> None:
+    res = server.client().completions.create(model="tiny", prompt="Hello there", max_tokens=8, temperature=0)
+    assert res.object == "text_completion" and res.choices[0].text
+    assert res.usage.completion_tokens == 8 and res.usage.prompt_tokens > 0
+
+
+def test_chat(server: Running) -> None:
+    res = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Say hi"}], max_tokens=6, temperature=0)
+    assert res.object == "chat.completion"
+    assert res.choices[0].message.role == "assistant" and res.choices[0].message.content
+
+
+def test_streaming_matches_and_ends_with_done(server: Running) -> None:
+    client = server.client()
+    whole = client.completions.create(model="tiny", prompt="Once upon", max_tokens=10, temperature=0)
+    parts = [c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="Once upon", max_tokens=10, temperature=0, stream=True)]
+    assert "".join(parts) == whole.choices[0].text
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "stream": True}) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in lines)
+
+
+def test_embeddings(server: Running) -> None:
+    res = server.client().embeddings.create(model="embed", input=["one", "two words"])
+    assert len(res.data) == 2 and len(res.data[0].embedding) == 64
+    assert res.data[0].embedding != res.data[1].embedding
+
+
+def test_models_and_tokenizer_extras(server: Running) -> None:
+    assert [m.id for m in server.client().models.list().data] == ["tiny", "embed"]
+    toks = httpx.post(server.url + "/extras/tokenize", json={"input": "hello world", "model": "tiny"}).json()["tokens"]
+    assert toks and all(isinstance(t, int) for t in toks)
+    count = httpx.post(server.url + "/extras/tokenize/count", json={"input": "hello world"}).json()["count"]
+    assert count == len(toks)
+    text = httpx.post(server.url + "/extras/detokenize", json={"tokens": toks}).json()["text"]
+    assert text == "hello world"
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def test_bad_requests_get_4xx(server: Running) -> None:
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "message" in r.json()["error"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": "many"})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logit_bias": {"abc": 1.0}})
+    assert r.status_code == 400 and "logit_bias" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        server.client().completions.create(model="nope", prompt="x", max_tokens=1)
+    # the server still answers
+    assert server.client().completions.create(model="tiny", prompt="x", max_tokens=1).choices
+
+
+def test_disconnect_stops_generation(server: Running) -> None:
+    full = server.client().completions.create(model="tiny", prompt="a", max_tokens=400, temperature=0)
+    n_full = full.usage.completion_tokens
+    assert n_full >= 100  # this prompt runs long enough to see the stream stop early
+    stats = server.app.state.pool.get("tiny").stats
+    before = stats.completion_tokens
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": "a", "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    # the client is gone: the next request gets the model, and the stream stopped early
+    assert server.client().completions.create(model="tiny", prompt="b", max_tokens=2).choices
+    assert stats.completion_tokens - before < n_full // 2
+
+
+def test_concurrent_clients_lose_nothing(server: Running) -> None:
+    client = server.client()
+    prompts = [f"Request number {i}:" for i in range(20)]
+    alone = [client.completions.create(model="tiny", prompt=p, max_tokens=4, temperature=0).choices[0].text
+             for p in prompts]
+    with ThreadPoolExecutor(20) as pool:
+        together = list(pool.map(lambda p: server.client().completions.create(
+            model="tiny", prompt=p, max_tokens=4, temperature=0).choices[0].text, prompts))
+    assert together == alone
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'pyllama_moe_requests_total{model="tiny"}' in metrics
+
+
+def test_api_key_is_required_everywhere(tiny: Path) -> None:
+    r = Running(create_app(ServerSettings(api_key="s3cret"), [ModelSettings(model=str(tiny), **SMALL)]))
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            r.client("wrong").completions.create(model="x", prompt="x", max_tokens=1)
+        for path in ("/health", "/metrics", "/v1/models"):
+            assert httpx.get(r.url + path).status_code == 401
+        assert r.client("s3cret").completions.create(model="x", prompt="x", max_tokens=1).choices
+        assert httpx.get(r.url + "/health", headers={"authorization": "Bearer s3cret"}).status_code == 200
+    finally:
+        r.stop()
+
+
+def test_command_line(tmp_path: Path, tiny: Path) -> None:
+    server, models = parse_args(["--model", str(tiny), "--n_gpu_layers", "-1", "--moe_cache_mib", "512",
+                                 "--cpu_moe", "true", "--port", "9000", "--api_key", "k"])
+    assert server.port == 9000 and server.api_key == "k"
+    kw = models[0].llama_kwargs()
+    assert kw["n_gpu_layers"] == -1 and kw["moe_cache_mib"] == 512 and kw["cpu_moe"] is True
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"port": 9001, "models": [{"model": "%s", "model_alias": "a"}, '
+                   '{"model": "%s", "model_alias": "b"}]}' % (tiny, tiny))
+    server, models = parse_args(["--config_file", str(cfg)])
+    assert server.port == 9001 and [m.alias for m in models] == ["a", "b"]
+    with pytest.raises(SystemExit):
+        parse_args([])
+
+
+def test_a_model_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    with pytest.raises(Exception, match="bad.gguf"):
+        create_app(ServerSettings(), [ModelSettings(model=str(bad), **SMALL)])
+
+
+def _post(server: Running, path: str, body: Any = None, content: bytes | None = None, method: str = "POST") -> Any:
+    return httpx.request(method, server.url + path, json=body if content is None else None, content=content,
+                         headers={"content-type": "application/json"}, timeout=60)
+
+
+def _is_openai_error(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str), err
+    return err
+
+
+def test_hostile_requests_get_openai_errors_and_the_server_lives(server: Running) -> None:
+    # each used to kill the server, hang a stream after its 200 headers, or answer in plain text or {"detail": ...}
+    chat = "/v1/chat/completions"
+    cases = [
+        (chat, {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "grammar": "root ::= [z-a]"}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                "grammar": "root ::= " + "(" * 20000 + '"a"' + ")" * 20000}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": "user"}]}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400),
+        (chat, {"model": "tiny", "messages": [{"role": None, "content": "x"}]}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "top_k": 2**40}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": [-1], "max_tokens": 2}, 400),
+        ("/v1/embeddings", {"model": "tiny", "input": "x"}, 400),
+    ]
+    for path, body, status in cases:
+        _is_openai_error(_post(server, path, body), status)
+        # streamed, the failure comes before the first chunk: the same error, not a 200 that never ends
+        if path != "/v1/embeddings":
+            _is_openai_error(_post(server, path, {**body, "stream": True}), status)
+    _is_openai_error(_post(server, chat, content=b"{not json"), 400)
+    _is_openai_error(_post(server, "/v1/nothing", {}), 404)
+    _is_openai_error(_post(server, chat, method="GET"), 405)
+    assert httpx.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_a_stream_failing_after_its_first_chunk_ends_with_an_error_and_done(tiny: Path) -> None:
+    # a failure while the stream runs (here: the model is closed under it) is an error event, then [DONE]
+    models = [ModelSettings(model=str(tiny), model_alias="tiny", **SMALL)]
+    r = Running(create_app(ServerSettings(interrupt_requests=False), models))
+    try:
+        llama = r.app.state.pool.models["tiny"].llama
+        with httpx.stream("POST", r.url + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": "a", "max_tokens": 200, "temperature": 0, "stream": True}) as resp:
+            assert resp.status_code == 200
+            lines = []
+            for line in resp.iter_lines():
+                if line:
+                    lines.append(line)
+                if len(lines) == 2:
+                    threading.Thread(target=llama.close).start()
+        assert lines[-1] == "data: [DONE]"
+        assert '"error"' in lines[-2] and "closed" in lines[-2], lines[-3:]
+    finally:
+        r.stop()
+
+
+def test_request_limits(tiny: Path) -> None:
+    models = [ModelSettings(model=str(tiny), model_alias="tiny", **SMALL)]
+    r = Running(create_app(ServerSettings(interrupt_requests=False, max_request_bytes=4096, max_messages=3), models))
+    try:
+        big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 5000}]}
+        _is_openai_error(_post(r, "/v1/chat/completions", big), 413)
+        many = {"model": "tiny", "messages": [{"role": "user", "content": "x"}] * 4, "max_tokens": 1}
+        _is_openai_error(_post(r, "/v1/chat/completions", many), 400)
+        ok = {"model": "tiny", "messages": [{"role": "user", "content": "x"}] * 3, "max_tokens": 1}
+        assert _post(r, "/v1/chat/completions", ok).status_code == 200
+    finally:
+        r.stop()
+
+
+def _exchange(sock: socket.socket, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """One HTTP/1.1 request on a kept-alive socket and its JSON answer (the body read by its Content-Length)."""
+    import json
+
+    data = json.dumps(body).encode() if body is not None else b""
+    sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = sock.recv(65536)
+        assert got, "the server closed the connection"
+        buf += got
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    assert headers.get("connection", "").lower() != "close", lines
+    n = int(headers["content-length"])
+    while len(rest) < n:
+        got = sock.recv(65536)
+        assert got, "the server closed the connection"
+        rest += got
+    return int(lines[0].split()[1]), json.loads(rest[:n])
+
+
+def test_errors_are_openais_and_keep_the_connection(server: Running) -> None:
+    long_text = "word " * 1000  # more tokens than the 512 of the context
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        # embeddings from a model started without them: the client's mistake, said so
+        status, body = _exchange(sock, "POST", "/v1/embeddings", {"model": "tiny", "input": "hi"})
+        assert status == 400 and "embedding=True" in body["error"]["message"]
+        assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] is None
+        # a prompt over the context: OpenAI's code, with the parameter to shorten
+        status, body = _exchange(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": long_text})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert body["error"]["param"] == "prompt" and "maximum context length is 512 tokens" in body["error"]["message"]
+        status, body = _exchange(sock, "POST", "/v1/chat/completions",
+                                 {"model": "tiny", "messages": [{"role": "user", "content": long_text}]})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert body["error"]["param"] == "messages"
+        status, body = _exchange(sock, "POST", "/v1/completions", {"model": "nope", "prompt": "hi"})
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+        # the same connection still answers
+        status, body = _exchange(sock, "GET", "/v1/models")
+        assert status == 200 and {m["id"] for m in body["data"]} == {"tiny", "embed"}
+    # the openai client sees the code too
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().completions.create(model="tiny", prompt=long_text, max_tokens=4)
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_the_model_field_is_the_name_asked_for(server: Running, tiny: Path) -> None:
+    # as llama-cpp-python's server: the request's model name, or the model's path when it names none
+    def field(path: str, body: dict[str, Any]) -> str:
+        return httpx.post(server.url + path, json=body, timeout=120).json()["model"]
+
+    user = [{"role": "user", "content": "x"}]
+    assert field("/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 1}) == "tiny"
+    assert field("/v1/completions", {"prompt": "a", "max_tokens": 1}) == str(tiny)
+    assert field("/v1/chat/completions", {"model": "tiny", "messages": user, "max_tokens": 1}) == "tiny"
+    assert field("/v1/embeddings", {"model": "embed", "input": "x"}) == "embed"

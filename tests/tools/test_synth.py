@@ -1,0 +1,682 @@
+"""pyllama_moe.tools.synth: random-weight GGUF models that read back right and load in llama.cpp.
+
+Most tests use a small made-up vocabulary so that gguf.GGUFReader (seconds on a 150k-token
+vocabulary) reads the files quickly; the tests taking the ``real_vocab`` fixture use the real qwen2
+vocabulary. ``test_tiny_loads_in_llama`` (docstring "NATIVE") needs the compiled extension
+``pyllama_moe._cffi`` and is skipped without it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from pyllama_moe.tools import synth  # noqa: E402
+
+TINY = synth.PRESETS["tiny"]
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+# --------------------------------------------------------------------------------------------
+# fixtures and helpers
+
+
+@pytest.fixture(scope="session")
+def real_vocab() -> Path:
+    """The qwen2 vocabulary the package uses by default (a failure in CI, a skip elsewhere)."""
+    try:
+        return synth.default_vocab_path()
+    except FileNotFoundError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no vocabulary GGUF: {e}")
+
+
+@pytest.fixture(scope="session")
+def real_vocab_reader(real_vocab: Path) -> Any:
+    """gguf's reader over the real vocabulary (read once: it takes seconds)."""
+    return gguf.GGUFReader(str(real_vocab))
+
+
+@pytest.fixture(scope="session")
+def small_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A vocab-only GGUF of 300 made-up tokens, for tests that only read files back."""
+    path = tmp_path_factory.mktemp("vocab") / "small-vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"tok{i}" for i in range(300)])
+    w.add_token_types([1] * 299 + [3])
+    w.add_token_merges(["t o", "to k"])
+    w.add_eos_token_id(299)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory, small_vocab: Path) -> dict[str, Path]:
+    """The tiny preset in each architecture (seed 0, no skew), with the small vocabulary."""
+    d = tmp_path_factory.mktemp("tiny")
+    return {arch: synth.write_model(d / f"{arch}.gguf", "tiny", arch=arch, vocab_path=small_vocab)
+            for arch in synth.ARCHITECTURES}
+
+
+def read(path: Path) -> Any:
+    """gguf's own reader over ``path``."""
+    return gguf.GGUFReader(str(path))
+
+
+def value(reader: Any, key: str) -> Any:
+    """The value of metadata ``key``."""
+    return reader.fields[key].contents()
+
+
+def tensors(reader: Any) -> dict[str, Any]:
+    """The tensors of a reader, by name."""
+    return {t.name: t for t in reader.tensors}
+
+
+def values(t: Any) -> np.ndarray:
+    """The f32 values of reader tensor ``t`` in numpy order, dequantized by gguf itself."""
+    shape = tuple(reversed([int(n) for n in t.shape]))
+    return gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float64)
+
+
+def block_scales(t: Any, type_size: int) -> np.ndarray:
+    """The f16 scale of every block of quantized reader tensor ``t``."""
+    blocks = np.asarray(t.data).reshape(-1, type_size)
+    return blocks[:, :2].copy().view("<f2").reshape(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# the plan: 30B-A3B without writing 18 GiB
+
+
+def test_30b_a3b_plan_sizes_and_types() -> None:
+    p = synth.plan("30b-a3b")
+    s = p.shape
+    assert (s.arch, s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.head_dim) == ("qwen3moe", 48, 2048, 32, 4, 128)
+    assert (s.n_expert, s.n_expert_used, s.n_ff_exp) == (128, 8, 768)
+    assert p.n_vocab == 151936
+    assert len(p.tensors) == 3 + 48 * 12
+    assert p.expert_bytes == 15552 * MIB
+    assert p.tensor_bytes / GIB == pytest.approx(18.08, abs=0.01)
+    t = p.by_name()
+    assert t["blk.0.ffn_gate_exps.weight"].shape == (2048, 768, 128)  # ggml order: ne0 = n_embd
+    assert t["blk.47.ffn_down_exps.weight"].shape == (768, 2048, 128)
+    assert t["blk.3.ffn_up_exps.weight"].type.name == "q4_0"
+    assert t["blk.0.attn_q.weight"].shape == (2048, 4096) and t["blk.0.attn_q.weight"].type.name == "f16"
+    assert t["blk.0.attn_k.weight"].shape == (2048, 512)
+    assert t["blk.0.attn_output.weight"].shape == (4096, 2048)
+    assert t["blk.0.attn_q_norm.weight"].shape == (128,) and t["blk.0.attn_q_norm.weight"].type.name == "f32"
+    assert t["blk.0.ffn_gate_inp.weight"].shape == (2048, 128) and t["blk.0.ffn_gate_inp.weight"].type.name == "f32"
+    assert t["token_embd.weight"].shape == (2048, 151936) and t["token_embd.weight"].type.name == "f16"
+    assert t["output.weight"].type.name == "f16"
+    roles = {x.role for x in p.tensors if x.type.name == "f32"}
+    assert roles == {"norm", "router"}
+    assert sum(x.role == "expert" for x in p.tensors) == 48 * 3
+
+
+def test_plan_follows_expert_type_and_overrides() -> None:
+    p = synth.plan("30b-a3b", expert_type="q8_0", n_layer=2, n_expert=16)
+    exps = [x for x in p.tensors if x.role == "expert"]
+    assert len(exps) == 6 and all(x.type.name == "q8_0" for x in exps)
+    assert exps[0].nbytes == 2048 * 768 * 16 // 32 * 34
+    dense = synth.plan("tiny", arch="qwen3")
+    assert dense.shape.n_expert == 0 and not [x for x in dense.tensors if x.role in ("expert", "router")]
+    assert dense.by_name()["blk.1.ffn_down.weight"].shape == (TINY.n_ff, TINY.n_embd)
+
+
+def test_types_agree_with_gguf() -> None:
+    for name, t in synth.GGML_TYPES.items():
+        qt = gguf.GGMLQuantizationType[name.upper()]
+        assert t.type_id == int(qt)
+        assert (t.block_size, t.type_size) == gguf.GGML_QUANT_SIZES[qt]
+
+
+# --------------------------------------------------------------------------------------------
+# files read back with gguf's reader
+
+
+@pytest.mark.parametrize("arch", synth.ARCHITECTURES)
+def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Path) -> None:
+    r = read(tiny_files[arch])
+    s = synth.resolve_shape("tiny", arch)
+    assert value(r, "general.architecture") == arch
+    assert value(r, f"{arch}.block_count") == s.n_layer == 2
+    assert value(r, f"{arch}.embedding_length") == 64
+    assert value(r, f"{arch}.attention.head_count") == 4
+    assert value(r, f"{arch}.attention.head_count_kv") == 2
+    assert value(r, f"{arch}.attention.key_length") == value(r, f"{arch}.attention.value_length") == 16
+    assert value(r, f"{arch}.context_length") == s.context_length
+    assert value(r, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(1e-6)
+    assert value(r, f"{arch}.rope.freq_base") > 0
+    assert value(r, "pyllama_moe.synth.preset") == "tiny"
+    assert value(r, "pyllama_moe.synth.seed") == 0
+    assert value(r, "pyllama_moe.synth.skew") == 0.0
+    n_vocab = len(read(small_vocab).fields["tokenizer.ggml.tokens"].data)
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == n_vocab == 300
+
+    want = synth.plan("tiny", arch=arch, n_vocab=n_vocab)
+    got = tensors(r)
+    assert list(got) == [t.name for t in want.tensors]
+    for t in want.tensors:
+        assert tuple(int(n) for n in got[t.name].shape) == t.shape, t.name
+        assert int(got[t.name].tensor_type) == t.type.type_id, t.name
+        assert int(got[t.name].n_bytes) == t.nbytes, t.name
+    assert tuple(got["token_embd.weight"].shape) == (64, n_vocab)
+    for name, t in got.items():
+        assert np.all(np.isfinite(values(t))), name
+
+    if arch == "qwen3":
+        assert not [n for n in got if "exps" in n or "gate_inp" in n]
+        assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff)
+        return
+    assert value(r, f"{arch}.expert_count") == 8
+    assert value(r, f"{arch}.expert_used_count") == 2
+    assert value(r, f"{arch}.expert_feed_forward_length") == 32
+    # n_expert x n_ff_exp x n_embd in numpy order is (n_embd, n_ff_exp, n_expert) in ggml order
+    assert tuple(got["blk.1.ffn_gate_exps.weight"].shape) == (64, 32, 8)
+    assert tuple(got["blk.1.ffn_up_exps.weight"].shape) == (64, 32, 8)
+    assert tuple(got["blk.1.ffn_down_exps.weight"].shape) == (32, 64, 8)
+    assert got["blk.1.ffn_gate_exps.weight"].tensor_type == gguf.GGMLQuantizationType.Q4_0
+    assert got["blk.1.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    if arch == "gpt-oss":
+        assert value(r, "gpt-oss.attention.sliding_window") == 128
+        assert tuple(got["blk.0.ffn_gate_exps.bias"].shape) == (32, 8)
+        assert tuple(got["blk.0.ffn_up_exps.bias"].shape) == (32, 8)
+        assert tuple(got["blk.0.ffn_down_exps.bias"].shape) == (64, 8)
+        assert tuple(got["blk.0.ffn_gate_inp.bias"].shape) == (8,)
+        assert tuple(got["blk.0.attn_sinks.weight"].shape) == (4,)
+        assert tuple(got["blk.0.attn_output.bias"].shape) == (64,)
+        assert "blk.0.post_attention_norm.weight" in got and "blk.0.ffn_norm.weight" not in got
+    else:
+        assert tuple(got["blk.0.attn_q_norm.weight"].shape) == (16,)
+        assert "blk.0.attn_v.bias" not in got  # only a skewed qwen3moe has value biases
+
+
+def test_real_vocab_tiny_is_small_and_has_the_full_tokenizer(real_vocab: Path, real_vocab_reader: Any,
+                                                             tmp_path: Path) -> None:
+    path = synth.write_model(tmp_path / "tiny.gguf", "tiny", vocab_path=real_vocab)
+    vocab, r = real_vocab_reader, read(path)
+    n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == n_vocab
+    keys = sorted(k for k in vocab.fields if k.startswith("tokenizer."))
+    assert keys == sorted(k for k in r.fields if k.startswith("tokenizer."))
+    for key in keys:
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            field = vocab.fields[key]
+            assert r.fields[key].contents(slice(0, 50)) == field.contents(slice(0, 50)), key
+            assert r.fields[key].contents(-1) == field.contents(-1), key
+            assert len(r.fields[key].data) == len(field.data), key
+        else:
+            assert r.fields[key].contents() == vocab.fields[key].contents(), key
+    assert tuple(tensors(r)["output.weight"].shape) == (64, n_vocab)
+    vocab_sized = sum(int(t.n_bytes) for t in r.tensors if t.name in ("token_embd.weight", "output.weight"))
+    other = sum(int(t.n_bytes) for t in r.tensors) - vocab_sized
+    assert other < 1 * MIB  # the layers of the tiny preset are a few hundred KiB
+    assert path.stat().st_size < 48 * MIB  # embedding + output + tokenizer, about 43 MiB
+
+
+def test_vocab_copy_matches_gguf_reader(real_vocab: Path, real_vocab_reader: Any) -> None:
+    mine = {k: v for k, v, _t, _s in synth.vocab._load_vocab(real_vocab).entries}
+    ref = real_vocab_reader.fields
+    assert sorted(mine) == sorted(k for k in ref if k.startswith("tokenizer."))
+    assert ([b.decode() for b in mine["tokenizer.ggml.tokens"][:100]]
+            == ref["tokenizer.ggml.tokens"].contents(slice(0, 100)))
+    assert mine["tokenizer.ggml.token_type"] == ref["tokenizer.ggml.token_type"].contents()
+    assert mine["tokenizer.ggml.eos_token_id"] == ref["tokenizer.ggml.eos_token_id"].contents()
+    assert mine["tokenizer.ggml.pre"].decode() == ref["tokenizer.ggml.pre"].contents()
+
+
+# --------------------------------------------------------------------------------------------
+# weight values
+
+
+@pytest.mark.parametrize("expert_type", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("skew", [0.0, 1.0])
+def test_quantized_expert_blocks(expert_type: str, skew: float, small_vocab: Path, tmp_path: Path) -> None:
+    path = synth.write_model(tmp_path / "m.gguf", "tiny", expert_type=expert_type, vocab_path=small_vocab, n_layer=1,
+                             skew=skew)
+    reader = read(path)
+    t = tensors(reader)["blk.0.ffn_up_exps.weight"]
+    assert t.tensor_type == gguf.GGMLQuantizationType[expert_type.upper()]
+    typ = synth.GGML_TYPES[expert_type]
+    scales = block_scales(t, typ.type_size).astype(np.float64)
+    assert np.all(np.isfinite(scales))
+    want = 0.02 if expert_type == "q4_0" else synth.EXPERT_RMS / math.sqrt(5461.5)
+    assert np.allclose(np.abs(scales), np.float16(want), rtol=0)  # one magnitude
+    v = values(t)
+    assert np.array_equal(v.reshape(-1), synth.decode(np.asarray(t.data), expert_type).astype(np.float64))
+    assert np.std(v) == pytest.approx(synth.EXPERT_RMS, rel=0.05)
+    signs = reader.fields["pyllama_moe.synth.scale_signs"].contents()
+    if skew:  # auto: random signs, zero-mean weights
+        assert signs == "random"
+        assert 0.3 < np.mean(scales > 0) < 0.7
+        assert abs(np.mean(v)) < 0.05 * synth.EXPERT_RMS
+    else:  # auto: positive scales, the baseline's model (q4_0 nibbles average 7.5: mean -0.5 * scale)
+        assert signs == "positive"
+        assert np.all(scales > 0)
+        if expert_type == "q4_0":
+            assert np.mean(v) == pytest.approx(-0.01, rel=0.05)
+    assert not np.array_equal(v[0], v[1])  # experts differ
+    assert len({tuple(np.round(v[e, 0, :8], 6)) for e in range(8)}) == 8
+
+
+def test_scale_signs_override_and_errors(small_vocab: Path, tmp_path: Path) -> None:
+    assert synth.plan("tiny").scale_signs == "positive"
+    assert synth.plan("tiny", skew=0.5).scale_signs == "random"
+    assert synth.plan("tiny", scale_signs="random").scale_signs == "random"
+    with pytest.raises(ValueError, match="scale_signs must be one of"):
+        synth.plan("tiny", scale_signs="negative")
+    path = synth.write_model(tmp_path / "r.gguf", "tiny", vocab_path=small_vocab, n_layer=1, scale_signs="random")
+    scales = block_scales(tensors(read(path))["blk.0.ffn_down_exps.weight"], 18)
+    assert 0.3 < np.mean(scales > 0) < 0.7
+    assert synth.main([str(tmp_path / "x.gguf"), "--plan", "--scale-signs", "random"]) == 0
+
+
+@pytest.mark.parametrize("expert_type", ["f16", "f32"])
+def test_float_expert_types(expert_type: str, small_vocab: Path, tmp_path: Path) -> None:
+    path = synth.write_model(tmp_path / "m.gguf", "tiny", expert_type=expert_type, vocab_path=small_vocab)
+    got = tensors(read(path))
+    t = got["blk.1.ffn_down_exps.weight"]
+    assert t.tensor_type == gguf.GGMLQuantizationType[expert_type.upper()]
+    v = values(t)
+    assert v.shape == (8, 64, 32) and np.all(np.isfinite(v))
+    assert np.std(v) == pytest.approx(synth.EXPERT_RMS, rel=0.05)
+    router = values(got["blk.1.ffn_gate_inp.weight"])
+    assert np.std(router) == pytest.approx(synth.ROUTER_STD, rel=0.15)
+    assert np.all(values(got["blk.1.ffn_norm.weight"]) == 1.0)
+
+
+def test_dense_type_and_custom_shape(small_vocab: Path, tmp_path: Path) -> None:
+    path = synth.write_model(tmp_path / "m.gguf", "tiny", dense_type="q8_0", vocab_path=small_vocab,
+                             n_layer=3, n_embd=96, n_head=6, n_head_kv=3, head_dim=32, n_expert=4,
+                             n_expert_used=3, n_ff_exp=64, context_length=1234)
+    r = read(path)
+    got = tensors(r)
+    assert value(r, "qwen3moe.block_count") == 3 and value(r, "qwen3moe.context_length") == 1234
+    assert got["blk.2.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert tuple(got["blk.2.attn_q.weight"].shape) == (96, 192)
+    assert tuple(got["blk.2.ffn_gate_exps.weight"].shape) == (96, 64, 4)
+    assert np.std(values(got["blk.0.attn_output.weight"])) == pytest.approx(synth.DENSE_STD, rel=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# determinism
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(small_vocab: Path, tmp_path: Path) -> None:
+    a = synth.write_model(tmp_path / "a.gguf", "tiny", seed=7, vocab_path=small_vocab, threads=1)
+    b = synth.write_model(tmp_path / "b.gguf", "tiny", seed=7, vocab_path=small_vocab, threads=3)
+    c = synth.write_model(tmp_path / "c.gguf", "tiny", seed=8, vocab_path=small_vocab)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.stat().st_size == c.stat().st_size and a.read_bytes() != c.read_bytes()
+    ta, tc = tensors(read(a)), tensors(read(c))
+    assert not np.array_equal(np.asarray(ta["blk.0.ffn_gate_exps.weight"].data),
+                              np.asarray(tc["blk.0.ffn_gate_exps.weight"].data))
+    assert not list(tmp_path.glob("*.partial"))
+
+
+# --------------------------------------------------------------------------------------------
+# router skew
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_skew_is_recorded_and_touches_only_the_routing(arch: str, small_vocab: Path, tmp_path: Path) -> None:
+    plain = synth.write_model(tmp_path / "plain.gguf", "tiny", arch=arch, seed=3, vocab_path=small_vocab,
+                              n_expert=16, n_expert_used=4, scale_signs="random")  # the skewed model's signs
+    skewed = synth.write_model(tmp_path / "skew.gguf", "tiny", arch=arch, seed=3, skew=1.5, vocab_path=small_vocab,
+                               n_expert=16, n_expert_used=4)
+    rp, rs = read(plain), read(skewed)
+    assert value(rs, "pyllama_moe.synth.skew") == pytest.approx(1.5)
+    assert value(rs, "pyllama_moe.synth.seed") == 3
+    n_hot = value(rs, "pyllama_moe.synth.hot_experts_per_layer")
+    assert n_hot == 2
+    hot = np.array(value(rs, "pyllama_moe.synth.hot_experts")).reshape(2, n_hot)
+    assert np.all((0 <= hot) & (hot < 16)) and all(len(set(row)) == n_hot for row in hot)
+    boost = value(rs, "pyllama_moe.synth.hot_boost")
+    assert boost[0] == pytest.approx(3 * 1.5) and boost[1] < boost[0]
+    assert "pyllama_moe.synth.hot_experts" not in rp.fields
+
+    tp, ts = tensors(rp), tensors(rs)
+    changed = {n for n in tp if not np.array_equal(np.asarray(tp[n].data), np.asarray(ts[n].data))}
+    router = "weight" if arch == "qwen3moe" else "bias"  # gpt-oss: its router bias takes the boost
+    assert changed == {f"blk.{il}.ffn_gate_inp.{router}" for il in range(2)}
+    added = set(ts) - set(tp)
+    if arch == "qwen3moe":
+        assert added == {"blk.0.attn_v.bias", "blk.1.attn_v.bias"}
+        for il in range(2):
+            w = values(ts[f"blk.{il}.ffn_gate_inp.weight"])  # (n_expert, n_embd)
+            norms = np.linalg.norm(w - values(tp[f"blk.{il}.ffn_gate_inp.weight"]), axis=1)
+            assert set(np.argsort(-norms)[:n_hot]) == set(hot[il])
+    else:
+        assert not added
+        for il in range(2):
+            bias = values(ts[f"blk.{il}.ffn_gate_inp.bias"]) - values(tp[f"blk.{il}.ffn_gate_inp.bias"])
+            logit_std = synth.ROUTER_STD * math.sqrt(64)
+            assert bias[hot[il][0]] == pytest.approx(boost[0] * logit_std, rel=1e-5)
+            assert np.count_nonzero(bias) == n_hot
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def route_qwen3moe(path: Path, tokens: np.ndarray) -> list[np.ndarray]:
+    """The experts each layer picks for ``tokens``: a plain numpy forward of a qwen3moe GGUF.
+
+    RoPE is left out: with random weights it changes which earlier tokens attention favours, not
+    the statistics of the routing that the tests compare.
+    """
+    r = read(path)
+    w = {t.name: values(t) for t in r.tensors}
+    n_layer, n_head = value(r, "qwen3moe.block_count"), value(r, "qwen3moe.attention.head_count")
+    n_kv, hd = value(r, "qwen3moe.attention.head_count_kv"), value(r, "qwen3moe.attention.key_length")
+    k_used = value(r, "qwen3moe.expert_used_count")
+    n = len(tokens)
+    x = w["token_embd.weight"][tokens]
+    causal = np.triu(np.ones((n, n), dtype=bool), 1)
+    picks = []
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        h = _rms_norm(x, w[p + "attn_norm.weight"])
+        q = _rms_norm((h @ w[p + "attn_q.weight"].T).reshape(n, n_head, hd), w[p + "attn_q_norm.weight"])
+        k = _rms_norm((h @ w[p + "attn_k.weight"].T).reshape(n, n_kv, hd), w[p + "attn_k_norm.weight"])
+        v = (h @ w[p + "attn_v.weight"].T + w.get(p + "attn_v.bias", 0.0)).reshape(n, n_kv, hd)
+        out = np.empty((n, n_head, hd))
+        for head in range(n_head):
+            kv = head // (n_head // n_kv)
+            s = q[:, head] @ k[:, kv].T / math.sqrt(hd)
+            s[causal] = -np.inf
+            e = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, head] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv]
+        x = x + out.reshape(n, -1) @ w[p + "attn_output.weight"].T
+        h = _rms_norm(x, w[p + "ffn_norm.weight"])
+        logits = h @ w[p + "ffn_gate_inp.weight"].T
+        top = np.argsort(-logits, axis=1)[:, :k_used]
+        picks.append(top)
+        tl = np.take_along_axis(logits, top, axis=1)
+        gate = np.exp(tl - tl[:, :1])
+        gate /= gate.sum(axis=1, keepdims=True)
+        moe = np.zeros_like(x)
+        for t in range(n):
+            for j, ex in enumerate(top[t]):
+                a = w[p + "ffn_gate_exps.weight"][ex] @ h[t]
+                b = w[p + "ffn_up_exps.weight"][ex] @ h[t]
+                moe[t] += gate[t, j] * (w[p + "ffn_down_exps.weight"][ex] @ (a / (1 + np.exp(-a)) * b))
+        x = x + moe
+    return picks
+
+
+def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_path: Path) -> None:
+    shape: dict[str, Any] = dict(n_layer=3, n_embd=128, n_expert=32, n_expert_used=4, n_ff_exp=64)
+    tokens = np.random.default_rng(5).integers(0, 300, 96)
+    stats = {}
+    for skew in (0.0, 1.0):
+        path = synth.write_model(tmp_path / f"s{skew}.gguf", "tiny", seed=11, skew=skew, vocab_path=small_vocab,
+                                 **shape)
+        picks = route_qwen3moe(path, tokens)
+        stats[skew] = picks
+    hot = np.array(value(read(tmp_path / "s1.0.gguf"), "pyllama_moe.synth.hot_experts")).reshape(3, -1)
+
+    def hot_share(picks: list[np.ndarray]) -> float:
+        """Fraction of (token, layer) pairs that picked the layer's hottest expert."""
+        return float(np.mean([np.mean(np.any(top == hot[il][0], axis=1)) for il, top in enumerate(picks)]))
+
+    def overlap(picks: list[np.ndarray]) -> float:
+        """Mean share of experts a token reuses from the previous token."""
+        return float(np.mean([len(set(top[t]) & set(top[t - 1])) / top.shape[1]
+                              for top in picks for t in range(1, len(top))]))
+
+    assert hot_share(stats[1.0]) > 0.8  # against 4/32 = 0.125 for a uniform router
+    assert hot_share(stats[0.0]) < 0.5
+    assert overlap(stats[1.0]) > overlap(stats[0.0]) + 0.15
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"preset": "huge"}, "preset"),
+        ({"arch": "llama"}, "arch"),
+        ({"expert_type": "q5_k"}, "expert_type"),
+        ({"dense_type": "bf16"}, "dense_type"),
+        ({"n_expert_used": 9}, "n_expert_used"),
+        ({"n_expert": 0}, "n_expert"),
+        ({"n_layer": 0}, "n_layer"),
+        ({"n_head": 5}, "n_head"),
+        ({"n_embd": 48}, "expert_type"),  # q4_0 rows must be whole 32-value blocks
+        ({"n_ff_exp": 40}, "expert_type"),
+        ({"head_dim": 15}, "head_dim"),
+        ({"n_layer": 2.5}, "n_layer"),
+        ({"rms_eps": -1.0}, "rms_eps"),
+        ({"skew": -0.1}, "skew"),
+        ({"skew": float("nan")}, "skew"),
+        ({"arch": "qwen3", "skew": 0.5}, "skew"),
+        ({"arch": "qwen3", "n_expert": 8}, "n_expert"),
+        ({"n_experts": 8}, "n_experts"),
+    ],
+)
+def test_bad_parameters_raise_value_error(kwargs: dict[str, Any], param: str) -> None:
+    preset = kwargs.pop("preset", "tiny")
+    with pytest.raises(ValueError, match=param):
+        synth.plan(preset, **kwargs)
+
+
+def test_bad_write_arguments(small_vocab: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        synth.write_model(tmp_path / "x.gguf", seed=-1, vocab_path=small_vocab)
+    with pytest.raises(ValueError, match="threads"):
+        synth.write_model(tmp_path / "x.gguf", threads=0, vocab_path=small_vocab)
+    with pytest.raises(FileNotFoundError, match="vocab_path"):
+        synth.write_model(tmp_path / "x.gguf", vocab_path=tmp_path / "missing.gguf")
+    not_gguf = tmp_path / "not.gguf"
+    not_gguf.write_bytes(b"hello world, not a gguf file at all")
+    with pytest.raises(ValueError, match="vocab_path"):
+        synth.write_model(tmp_path / "x.gguf", vocab_path=not_gguf)
+    assert not list(tmp_path.glob("x.gguf*"))
+
+
+def test_default_vocab_path_env(monkeypatch: pytest.MonkeyPatch, small_vocab: Path, tmp_path: Path) -> None:
+    monkeypatch.setenv("PYLLAMA_MOE_VOCAB", str(small_vocab))
+    assert synth.default_vocab_path() == small_vocab
+    monkeypatch.setenv("PYLLAMA_MOE_VOCAB", str(tmp_path / "nope.gguf"))
+    with pytest.raises(FileNotFoundError, match="PYLLAMA_MOE_VOCAB"):
+        synth.default_vocab_path()
+
+
+def test_default_vocab_path_fallbacks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("PYLLAMA_MOE_VOCAB", raising=False)
+    fake_module = tmp_path / "repo" / "pyllama_moe" / "synth.py"
+    fake_module.parent.mkdir(parents=True)
+    monkeypatch.setattr(synth, "__file__", str(fake_module))
+    import pyllama_moe
+
+    monkeypatch.setattr(pyllama_moe, "__path__", [str(fake_module.parent)])  # the package's folders
+    with pytest.raises(FileNotFoundError, match="PYLLAMA_MOE_VOCAB"):
+        synth.default_vocab_path()
+    vendored = tmp_path / "repo" / "vendor" / "llama.cpp" / "models" / "ggml-vocab-qwen2.gguf"
+    vendored.parent.mkdir(parents=True)
+    vendored.write_bytes(b"x")
+    assert synth.default_vocab_path() == vendored
+    packaged = fake_module.parent / "data" / "ggml-vocab-qwen2.gguf"
+    packaged.parent.mkdir()
+    packaged.write_bytes(b"x")
+    assert synth.default_vocab_path() == packaged
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def test_cli_writes_a_model(small_vocab: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.gguf"
+    rc = synth.main([str(out), "--arch", "qwen3", "--n-layer", "3", "--n-ff", "96", "--expert-type", "f16",
+                     "--seed", "4", "--vocab", str(small_vocab), "--quiet"])
+    assert rc == 0
+    assert str(out) in capsys.readouterr().out
+    r = read(out)
+    assert value(r, "qwen3.block_count") == 3 and value(r, "qwen3.feed_forward_length") == 96
+    assert value(r, "pyllama_moe.synth.seed") == 4
+    assert tensors(r)["blk.2.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+
+
+def test_cli_rejects_bad_shape(small_vocab: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = synth.main([str(tmp_path / "bad.gguf"), "--n-expert-used", "9", "--vocab", str(small_vocab), "-q"])
+    assert rc == 2
+    assert "n_expert_used" in capsys.readouterr().err
+    assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_cli_plan_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert synth.main([str(tmp_path / "big.gguf"), "--preset", "30b-a3b", "--plan"]) == 0
+    text = capsys.readouterr().out
+    assert "blk.47.ffn_down_exps.weight" in text and "18.082 GiB" in text and "15552 MiB" in text
+    assert not (tmp_path / "big.gguf").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp itself (needs the compiled extension)
+
+
+@pytest.fixture
+def llama_lib() -> Iterator[Any]:
+    """``(ffi, lib)`` of the package's cffi binding, with the backend initialised."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe.ffi import ffi, lib
+
+    lib.llama_backend_init()
+    yield ffi, lib
+
+
+@pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0)])
+def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
+    """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
+    ffi, lib = llama_lib
+    path = synth.write_model(tmp_path / "tiny.gguf", "tiny", arch=arch, vocab_path=real_vocab, skew=skew)
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+    assert model != ffi.NULL
+    try:
+        assert lib.llama_model_n_embd(model) == TINY.n_embd
+        assert lib.llama_model_n_layer(model) == TINY.n_layer
+        n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+        assert n_vocab == synth.vocab._load_vocab(real_vocab).n_tokens
+        assert lib.llama_model_n_params(model) > 2 * n_vocab * TINY.n_embd
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = 64
+        cparams.n_batch = 16
+        cparams.n_ubatch = 16
+        cparams.n_threads = cparams.n_threads_batch = 1
+        ctx = lib.llama_init_from_model(model, cparams)
+        assert ctx != ffi.NULL
+        try:
+            tokens = ffi.new("llama_token[]", [9707, 1879, 11, 1246, 525])
+            assert lib.llama_decode(ctx, lib.llama_batch_get_one(tokens, len(tokens))) == 0
+            logits = lib.llama_get_logits_ith(ctx, -1)
+            assert logits != ffi.NULL
+            row = np.frombuffer(ffi.buffer(logits, n_vocab * 4), dtype=np.float32)
+            assert np.all(np.isfinite(row)) and np.std(row) > 0
+        finally:
+            lib.llama_free(ctx)
+    finally:
+        lib.llama_model_free(model)
+
+
+# --------------------------------------------------------------------------------------------
+# realistic routing (pyllama_moe.tools.synth.routing)
+
+
+def test_routing_regimes_and_their_errors() -> None:
+    assert synth.plan("tiny").regime == "collapsed"
+    assert synth.plan("tiny", routing="uniform").regime == "uniform"
+    assert synth.plan("tiny", routing="uniform").scale_signs == "random"
+    assert synth.plan("tiny", skew=0.5).regime == "skew"
+    p = synth.plan("tiny", routing="realistic")
+    assert p.regime == "realistic" and p.scale_signs == "random"
+    assert {t.name for t in p.tensors if t.init == "realistic"} == {
+        "token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
+        "blk.0.attn_output.weight", "blk.1.attn_output.weight", "blk.0.ffn_down_exps.weight",
+        "blk.1.ffn_down_exps.weight"}
+    # the same tensors, sizes and types as the other regimes: the same compute
+    assert synth.plan("30b-a3b", routing="realistic").rows() == synth.plan("30b-a3b").rows()
+    for kwargs, match in [({"routing": "trained"}, "routing must be one of"),
+                          ({"routing": "realistic", "arch": "gpt-oss"}, "needs the qwen3moe arch"),
+                          ({"routing": "realistic", "skew": 0.3}, "both set the routing"),
+                          ({"routing": "collapsed", "scale_signs": "random"}, "needs scale_signs='positive'"),
+                          ({"routing": "realistic", "n_embd": 32}, "realistic routing needs n_embd >=")]:
+        with pytest.raises(ValueError, match=match):
+            synth.plan("tiny", **kwargs)
+
+
+def test_realistic_weights_route_through_their_subspace(small_vocab: Path, tmp_path: Path) -> None:
+    from pyllama_moe.tools.synth import routing as synth_routing
+
+    kw = {"seed": 4, "vocab_path": small_vocab, "n_layer": 3, "routing": "realistic"}
+    path = synth.write_model(tmp_path / "r.gguf", "tiny", threads=1, **kw)
+    assert path.read_bytes() == synth.write_model(tmp_path / "r3.gguf", "tiny", threads=3, **kw).read_bytes()
+    reader = read(path)
+    assert reader.fields["pyllama_moe.synth.routing"].contents() == "realistic"
+    got = tensors(reader)
+    lay = synth_routing.layout(TINY.n_embd, TINY.head_dim, TINY.n_expert, 3, TINY.rope_freq_base)
+    assert lay.n_bank == 2 and lay.d_new >= 1 and lay.pairs
+    emb = values(got["token_embd.weight"])  # [n_vocab, n_embd]
+    assert np.allclose(emb[:, lay.c], synth_routing.C_MAG, rtol=1e-3)
+    tok_norm = np.linalg.norm(emb[:, lay.tok], axis=1)
+    assert np.allclose(tok_norm, synth_routing.T_MAG, rtol=1e-2) and np.all(emb[:, lay.ctx] == 0)
+    assert len({tuple(np.round(r, 3)) for r in emb[:50, lay.tok]}) == 50  # a vector per token
+    for il in range(3):
+        router = values(got[f"blk.{il}.ffn_gate_inp.weight"])
+        assert np.all(router[:, : lay.c] == 0)  # selection reads the subspace only
+        banks = router[:, lay.bank(0).start:]
+        assert np.any(banks != 0) == (il > 0)  # layer il reads what layer il - 1's experts wrote
+        down = values(got[f"blk.{il}.ffn_down_exps.weight"])  # [n_expert, n_embd, n_ff_exp]
+        written = np.flatnonzero(np.any(down != 0, axis=(0, 2))[lay.c:]) + lay.c
+        want = list(range(lay.bank(il).start, lay.bank(il).stop)) if il < lay.n_bank else []
+        assert written.tolist() == want
+        out = values(got[f"blk.{il}.attn_output.weight"])  # [n_embd, n_q]
+        if il:
+            assert np.all(out[lay.c:] == 0)
+        else:  # only the recency head (head 0) writes the context dimensions
+            assert np.all(out[lay.c: lay.ctx.start] == 0) and np.all(out[lay.ctx.stop:] == 0)
+            assert np.all(out[lay.ctx, TINY.head_dim:] == 0) and np.any(out[lay.ctx, : TINY.head_dim] != 0)
+    # the recency head's query and key: the constant dimension only, on the window's rotary pairs
+    for name in ("attn_q", "attn_k"):
+        w = values(got[f"blk.0.{name}.weight"])[: TINY.head_dim]
+        assert np.all(np.delete(w, lay.c, axis=1) == 0)
+        pairs = [*lay.pairs, *(p + TINY.head_dim // 2 for p in lay.pairs)]
+        assert np.flatnonzero(w[:, lay.c]).tolist() == sorted(pairs)
+    # outside the routing tensors, the realistic model is the uniform one of its seed
+    uni = tensors(read(synth.write_model(tmp_path / "u.gguf", "tiny", seed=4, vocab_path=small_vocab, n_layer=3,
+                                         routing="uniform")))
+    up = "blk.1.ffn_up_exps.weight"
+    assert np.array_equal(np.asarray(uni[up].data), np.asarray(got[up].data))
+    assert np.array_equal(values(uni["blk.1.attn_q.weight"]), values(got["blk.1.attn_q.weight"]))
+
+
+def test_recency_window_weights() -> None:
+    from pyllama_moe.tools.synth import routing as synth_routing
+
+    lay = synth_routing.layout(2048, 128, 128, 48, 1e6)
+    assert lay.size <= 2048 * 3 // 4 and lay.d_new == 8
+    w = synth_routing.window_weights(lay, 1e6)
+    # most of the weight on the last ~40 tokens, the newest the heaviest
+    assert w[0] == w.max() and 0.9 < w[:41].sum() < 1.0 and w[:11].sum() < 0.7
+    assert synth_routing.strengths(0, 48)[0] < synth_routing.strengths(47, 48)[0]
