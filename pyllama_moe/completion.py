@@ -11,7 +11,7 @@ import codecs
 import random
 import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.errors import ContextLengthError
-from pyllama_moe.llama_types import CompletionLogprobs, LogitsProcessorList, StoppingCriteriaList
+from pyllama_moe.llama_types import CompletionLogprobs, LlamaState, LogitsProcessorList, StoppingCriteriaList
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.session import Session, logits_to_logprobs
 from pyllama_moe.vocab import BaseLlamaTokenizer, Vocab
@@ -207,10 +207,14 @@ def make_request(session: Session, prompt: str | Sequence[int], *, suffix: str |
 class Completion:
     """One request's generation; ``chunks()`` streams it, ``result()`` returns the whole."""
 
-    def __init__(self, session: Session, req: Request, cache: Any = None) -> None:
+    def __init__(self, session: Session, req: Request, cache: Any = None,
+                 save_state: Callable[[], LlamaState] | None = None,
+                 load_state: Callable[[LlamaState], None] | None = None) -> None:
         self.session = session
         self.req = req
-        self.cache = cache  # Llama.set_cache's
+        self.cache = cache  # Llama.set_cache's, read and written through save_state / load_state
+        self.save_state = save_state or session.save_state
+        self.load_state = load_state or session.load_state
         self.id = f"cmpl-{uuid.uuid4()}"
         self.created = int(time.time())
         self.tokens: list[int] = []
@@ -256,7 +260,7 @@ class Completion:
         finally:
             sampler.close()
         if self.cache is not None:
-            self.cache[req.prompt_tokens + self.tokens] = session.save_state()
+            self.cache[req.prompt_tokens + self.tokens] = self.save_state()
 
     def _cache_load(self) -> None:
         """``Llama.set_cache``: start from the cached state when it shares more of the prompt."""
@@ -269,7 +273,7 @@ class Completion:
             return
         cached = longest_token_prefix(item.input_ids[:item.n_tokens].tolist(), prompt)
         if cached > longest_token_prefix(session.input_ids[:session.n_tokens].tolist(), prompt):
-            session.load_state(item)
+            self.load_state(item)
 
     def _echo_logprobs(self) -> None:
         assert self.lp is not None

@@ -44,6 +44,11 @@ class Context:
     def ptr(self) -> Any:
         return check_closed(self._ptr, "context")
 
+    @property
+    def ctx(self) -> Any:
+        """llama-cpp-python's ``LlamaContext.ctx``: the pointer, None once closed."""
+        return self._ptr
+
     def close(self) -> None:
         ptr, self._ptr = self._ptr, None
         if ptr is not None:

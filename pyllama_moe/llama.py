@@ -244,6 +244,8 @@ class Llama:
         self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all, seed)
         self._n_vocab, self._n_ctx = self._vocab.n_tokens, self._session.n_ctx
         self._token_nl, self._token_eos = self._vocab.nl(), self._vocab.eos()
+        # llama-cpp-python's attributes: a recurrent (or hybrid) model's memory cannot drop a suffix of its tokens
+        self._is_recurrent, self._is_hybrid = self._model.is_recurrent(), self._model.is_hybrid()
         self._sampler: Sampler | None = None
         self.metadata = self._model.metadata()
         self._closed = False
@@ -548,7 +550,9 @@ class Llama:
                            logits_processor=logits_processor, stopping_criteria=stopping_criteria, sampling=sampling,
                            penalty_last_n=self.last_n_tokens_size, spm_infill=self.spm_infill,
                            draft_model=self.draft_model, tokenizer=self._tokenizer)
-        job = Completion(self._session, req, self.cache)
+        # the prompt cache goes through save_state / load_state, as llama-cpp-python's does (a subclass or a wrapper
+        # of them sees each use)
+        job = Completion(self._session, req, self.cache, save_state=self.save_state, load_state=self.load_state)
         return self._stream(job.chunks()) if stream else job.result()
 
     def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:

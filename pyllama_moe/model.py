@@ -143,6 +143,12 @@ class Model:
     def has_encoder(self) -> bool:
         return bool(lib.llama_model_has_encoder(self.ptr))
 
+    def is_recurrent(self) -> bool:
+        return bool(lib.llama_model_is_recurrent(self.ptr))
+
+    def is_hybrid(self) -> bool:
+        return bool(lib.llama_model_is_hybrid(self.ptr))
+
     def desc(self) -> str:
         buf = ffi.new("char[]", 256)
         n = lib.llama_model_desc(self.ptr, buf, 256)
