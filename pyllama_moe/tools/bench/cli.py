@@ -45,9 +45,7 @@ from pyllama_moe.tools.bench.overhead import overhead, overhead_table
 from pyllama_moe.tools.bench.report import Row, mismatches, switch_label, table, upstream_differences
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``python -m pyllama_moe bench`` command: options, the matrix run setup by setup, the table; returns the
-    exit status (1 if a hash mismatched, a decision differed from upstream's or a run failed)."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_moe bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
@@ -98,21 +96,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--api-every-ub", action="store_true",
                     help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
                          "is then compared across the switches at each)")
-    args = ap.parse_args(argv)
+    return ap
 
-    for path, dense in ((args.model, False), (args.dense, True)):
-        if path is None or path.exists():
-            continue
-        if not args.preset:
-            ap.error(f"{path} does not exist (give --preset to make it)")
-        print(f"writing {'a dense ' if dense else ''}{args.preset} to {path} ...", file=sys.stderr, flush=True)
-        write_model(path, args.preset, dense, progress=sys.stderr.isatty(), routing=args.routing)
-    if args.overhead:
-        rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
-        print(overhead_table(rows_o))
-        if args.json:
-            args.json.write_text(json.dumps({"model": str(args.model), "overhead": rows_o}, indent=1))
-        return 0
+
+@dataclasses.dataclass
+class Params:
+    """The options, checked: what to run (the setups, each under every switch setting) and how."""
+
+    args: argparse.Namespace
+    names: list[str]
+    settings: list[dict[str, str]]
+    pp: list[int]
+    ub: list[int]
+
+
+def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
+    """The setups and switch settings the options ask for; ``ap.error`` (exit 2) for what cannot run."""
     if args.setups is None:
         names = [n for n in SETUPS if args.dense or n not in DENSE_SETUPS]
     else:
@@ -127,11 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("the dense-* setups need --dense MODEL")
     if args.trace and (args.no_api or importlib.util.find_spec("torch") is None):
         ap.error("--trace traces the Python API runs through PyTorch's profiler: it needs PyTorch, and not --no-api")
-    from pyllama_moe import backend
-
-    gpu = backend.gpu_available()
-    pp = [int(x) for x in args.pp.split(",")]
-    ub = sorted(int(x) for x in args.ub.split(","))
     settings: list[dict[str, str]] = [{}]
     settings += [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
     if args.upstream:
@@ -145,52 +139,77 @@ def main(argv: Sequence[str] | None = None) -> int:
             except FileNotFoundError as e:
                 ap.error(f"--pristine: {e}")
         settings.append(PRISTINE)
-    rows: list[Row] = []
-    skipped: list[str] = []
-    failed: list[str] = []
-    bw: dict[str, float] = {}
-    regime = routing_regime(args.model)
+    return Params(args, names, settings, [int(x) for x in args.pp.split(",")],
+                  sorted(int(x) for x in args.ub.split(",")))
 
-    def save() -> None:  # after every run, so an interrupted matrix keeps what it measured
-        if args.json:
-            args.json.write_text(json.dumps({"model": str(args.model), "routing": regime,
-                                             "dense": str(args.dense or ""), "h2d_gbps": bw,
-                                             "mismatches": mismatches(rows) + upstream_differences(rows),
-                                             "failed": failed, "rows": [dataclasses.asdict(r) for r in rows]},
-                                            indent=1))
 
-    for name in names:
+@dataclasses.dataclass
+class Result:
+    """What a matrix run measured; ``save`` writes it as JSON after every run, so an interrupted matrix keeps it."""
+
+    model: Path
+    regime: str
+    dense: Path | None
+    rows: list[Row] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    bw: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def save(self, path: Path | None) -> None:
+        if path:
+            path.write_text(json.dumps({"model": str(self.model), "routing": self.regime,
+                                        "dense": str(self.dense or ""), "h2d_gbps": self.bw,
+                                        "mismatches": mismatches(self.rows) + upstream_differences(self.rows),
+                                        "failed": self.failed, "rows": [dataclasses.asdict(r) for r in self.rows]},
+                                       indent=1))
+
+
+def _run(p: Params) -> Result:
+    """Every setup under every switch setting: the native tools' runs and the Python API's."""
+    from pyllama_moe import backend
+
+    args = p.args
+    gpu = backend.gpu_available()
+    res = Result(args.model, routing_regime(args.model), args.dense)
+    for name in p.names:
         setup = setup_named(name)
         assert setup is not None
         if (setup.needs_gpu or setup.has_cache) and not gpu:
-            skipped.append(name)
+            res.skipped.append(name)
             continue
         if setup.fit_gib and args.no_api:
-            skipped.append(f"{name} (Python only, --no-api)")
+            res.skipped.append(f"{name} (Python only, --no-api)")
             continue
         model = args.dense if setup.dense else args.model
         if setup.dense:
             setup = setup.resolve(block_count(model))
-        for sw in settings:
+        for sw in p.settings:
             print(f"bench: {name} {switch_label(sw)}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
                 pristine = sw == PRISTINE
                 if not args.no_native:
-                    rows += measure(model, setup, sw, pp, ub, args.tg, args.reps,
-                                    tools=args.pristine if pristine else None)
+                    res.rows += measure(model, setup, sw, p.pp, p.ub, args.tg, args.reps,
+                                        tools=args.pristine if pristine else None)
                 if not args.no_api and not pristine:  # the Python API runs our library only
-                    api_ub = [u for u in ub if u <= max(pp)]
+                    api_ub = [u for u in p.ub if u <= max(p.pp)]
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
-                        rows += api_measure(model, setup, sw, max(pp), u, args.tg, warm=args.warm, first=args.first,
-                                            trace=args.trace, warmup=args.warmup, batch=args.batch)
+                        res.rows += api_measure(model, setup, sw, max(p.pp), u, args.tg, warm=args.warm,
+                                                first=args.first, trace=args.trace, warmup=args.warmup,
+                                                batch=args.batch)
             except RuntimeError as e:  # a failing run is reported, the others still run
-                failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
-                print(f"bench: FAILED {failed[-1]}", file=sys.stderr, flush=True)
+                res.failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
+                print(f"bench: FAILED {res.failed[-1]}", file=sys.stderr, flush=True)
             print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-            save()
-    bw = h2d_bandwidth(mapped=args.model) if gpu else {}
-    print(f"{args.model.name}: {regime} routing; prompts and decoded tokens are real text (bench_text)\n")
+            res.save(args.json)
+    res.bw = h2d_bandwidth(mapped=args.model) if gpu else {}
+    return res
+
+
+def _report(res: Result) -> list[str]:
+    """Prints the table and what goes with it; returns the mismatches found."""
+    rows = res.rows
+    print(f"{res.model.name}: {res.regime} routing; prompts and decoded tokens are real text (bench_text)\n")
     print(table(rows))
     placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
     for name, pl in placed.items():  # where the fit put the weights
@@ -204,15 +223,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"- {r.setup} {switch_label(r.switches)} {what}: {TraceSummary(**r.trace).line()}")
     for line in bad:
         print(f"\n!!! {line}")
-    if bw:
+    if res.bw:
         labels = {"mapped": "the model's mapped pages (load mode mmap)"}
-        print("\nhost-to-device copy: " + ", ".join(f"{labels.get(k, k)} {v:.1f} GB/s" for k, v in bw.items()))
-    if skipped:
-        print(f"\nnot run (no GPU, or Python-only with --no-api): {', '.join(skipped)}")
-    for f in failed:
+        print("\nhost-to-device copy: " + ", ".join(f"{labels.get(k, k)} {v:.1f} GB/s" for k, v in res.bw.items()))
+    if res.skipped:
+        print(f"\nnot run (no GPU, or Python-only with --no-api): {', '.join(res.skipped)}")
+    for f in res.failed:
         print(f"\n!!! FAILED {f}")
-    save()
-    return 1 if bad or failed else 0
+    return bad
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``python -m pyllama_moe bench`` command: options, the matrix run setup by setup, the table; returns the
+    exit status (1 if a hash mismatched, a decision differed from upstream's or a run failed)."""
+    ap = _parser()
+    args = ap.parse_args(argv)
+    for path, dense in ((args.model, False), (args.dense, True)):
+        if path is None or path.exists():
+            continue
+        if not args.preset:
+            ap.error(f"{path} does not exist (give --preset to make it)")
+        print(f"writing {'a dense ' if dense else ''}{args.preset} to {path} ...", file=sys.stderr, flush=True)
+        write_model(path, args.preset, dense, progress=sys.stderr.isatty(), routing=args.routing)
+    if args.overhead:
+        rows_o = overhead(args.model, n=args.tg, n_gpu_layers=args.n_gpu_layers, reps=args.reps)
+        print(overhead_table(rows_o))
+        if args.json:
+            args.json.write_text(json.dumps({"model": str(args.model), "overhead": rows_o}, indent=1))
+        return 0
+    res = _run(_params(ap, args))
+    bad = _report(res)
+    res.save(args.json)
+    return 1 if bad or res.failed else 0
 
 
 if __name__ == "__main__":
