@@ -104,9 +104,8 @@ pristine() {
 
 models() {  # after the build: the writer takes its tokenizer from the vendored tree
     [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b --routing "$routing" -q
-    # the bench's dense model: the preset as a dense qwen3 of the bench's DENSE_SHAPE (a Qwen3-8B-like shape)
-    [ -f "$dense" ] || "$PY" -m pyllama_moe synth "$dense" --preset 30b-a3b --arch qwen3 \
-        --n-layer 36 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 12288 -q
+    # the bench's dense model beside 30b-a3b (its DENSE_PRESETS): Qwen3-8B's shape
+    [ -f "$dense" ] || "$PY" -m pyllama_moe synth "$dense" --preset 8b -q
 }
 
 sanitize() {

@@ -265,7 +265,6 @@ def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fi
     return size
 
 
-
 @dataclass(frozen=True)
 class Placement:
     """Where ``place`` put the weights: the MoE cache's bytes and the load mode (the rest is in the parameters)."""
@@ -303,6 +302,19 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
 
 # the lookup paths of the counts, as the C fields name them
 _PATHS = ("small", "large", "device")
+
+# as_dict's groups past the lookup paths, key -> C field: experts copied for large ubatches; the device lookups'
+# admission counts (LLAMA_MOE_CACHE_ADMIT=0: none), summed, kept across prompts; the prefetch of large ubatches
+# through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off); the seeds from the experts staged for the last large ubatch of
+# a batch (LLAMA_MOE_CACHE_SEED=0: off), checked slots with LLAMA_MOE_CACHE_SEED_CHECK=1
+_GROUPS = {
+    "copied": {"experts": "n_copied", "bytes": "bytes_copied"},
+    "admission": {"selections": "n_admit_selections"},
+    "prefetch": {"ubatches": "n_ubatch_large", "calls": "n_prefetch_calls", "regions": "n_prefetch_regions",
+                 "bytes_cache": "bytes_prefetch_cache", "bytes_host": "bytes_prefetch_host"},
+    "seed": {"ubatches": "n_seed_ubatch", "experts": "n_seeded", "bytes": "bytes_seeded", "dropped": "n_seed_dropped",
+             "checked": "n_seed_checked", "check_failed": "n_seed_check_failed"},
+}
 
 
 @dataclass(frozen=True)
@@ -354,20 +366,11 @@ class MoeCacheStats:
             hits, misses = self.hits(path)
             out[path] = {"hits": hits, "misses": misses, "bytes_uploaded": getattr(self, f"bytes_{path}"),
                          "hit_rate": hits / (hits + misses) if hits + misses else 0.0}
-        out["copied"] = {"experts": self.n_copied, "bytes": self.bytes_copied}
-        # the device lookups' admission counts (LLAMA_MOE_CACHE_ADMIT=0: none), summed: its history, kept across prompts
-        out["admission"] = {"selections": self.n_admit_selections}
-        # the prefetch of large ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off), totals and per ubatch
-        n = max(self.n_ubatch_large, 1)
-        out["prefetch"] = {"ubatches": self.n_ubatch_large, "calls": self.n_prefetch_calls,
-                           "regions": self.n_prefetch_regions, "bytes_cache": self.bytes_prefetch_cache,
-                           "bytes_host": self.bytes_prefetch_host, "calls_per_ubatch": self.n_prefetch_calls / n,
-                           "mib_host_per_ubatch": self.bytes_prefetch_host / n / 2**20}
-        # the seeds from the experts staged for the last large ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off); checked
-        # slots with LLAMA_MOE_CACHE_SEED_CHECK=1
-        out["seed"] = {"ubatches": self.n_seed_ubatch, "experts": self.n_seeded, "bytes": self.bytes_seeded,
-                       "dropped": self.n_seed_dropped, "checked": self.n_seed_checked,
-                       "check_failed": self.n_seed_check_failed}
+        for name, keys in _GROUPS.items():
+            out[name] = {key: getattr(self, field) for key, field in keys.items()}
+        n = max(self.n_ubatch_large, 1)  # per large ubatch
+        out["prefetch"].update(calls_per_ubatch=self.n_prefetch_calls / n,
+                               mib_host_per_ubatch=self.bytes_prefetch_host / n / 2**20)
         return out
 
     @classmethod
@@ -378,14 +381,3 @@ class MoeCacheStats:
         names.update(_GROUPS)
         return cls(**{field: int(group[key]) for name, keys in names.items() if (group := d.get(name)) is not None
                       for key, field in keys.items() if key in group})
-
-
-# as_dict's groups past the lookup paths: key -> C field
-_GROUPS = {
-    "copied": {"experts": "n_copied", "bytes": "bytes_copied"},
-    "admission": {"selections": "n_admit_selections"},
-    "prefetch": {"ubatches": "n_ubatch_large", "calls": "n_prefetch_calls", "regions": "n_prefetch_regions",
-                 "bytes_cache": "bytes_prefetch_cache", "bytes_host": "bytes_prefetch_host"},
-    "seed": {"ubatches": "n_seed_ubatch", "experts": "n_seeded", "bytes": "bytes_seeded", "dropped": "n_seed_dropped",
-             "checked": "n_seed_checked", "check_failed": "n_seed_check_failed"},
-}

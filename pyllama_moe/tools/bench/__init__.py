@@ -21,7 +21,7 @@ from pyllama_moe.tools.bench.matrix import (
     setup_named,
     upstream_switches,
 )
-from pyllama_moe.tools.bench.models import DENSE_SHAPE, block_count, expert_bytes, routing_regime, write_model
+from pyllama_moe.tools.bench.models import DENSE_PRESETS, block_count, expert_bytes, routing_regime, write_model
 from pyllama_moe.tools.bench.native import (
     h2d_bandwidth,
     measure,
@@ -35,7 +35,7 @@ from pyllama_moe.tools.bench.overhead import overhead, overhead_table
 from pyllama_moe.tools.bench.report import Row, column, mismatches, switch_label, table, upstream_differences
 
 __all__ = [
-    "DENSE_SHAPE",
+    "DENSE_PRESETS",
     "KILL_SWITCHES",
     "PRISTINE",
     "SETUPS",

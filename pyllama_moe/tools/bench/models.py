@@ -4,23 +4,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pyllama_moe.gguf_info import GGUFInfo
 
-# --dense with --preset 30b-a3b: about 8 GiB at q4_0, a Qwen3-8B-like shape
-DENSE_SHAPE: dict[str, Any] = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 12288}
+# --dense with --preset: the synth preset of the dense model beside a MoE preset (others: the preset as a dense qwen3)
+DENSE_PRESETS = {"30b-a3b": "8b"}
 
 
 def write_model(path: Path, preset: str, dense: bool = False, progress: bool = False,
                 routing: str = "realistic") -> None:
-    """The bench's model of ``preset`` (with ``dense``: the preset as a dense qwen3, of DENSE_SHAPE for 30b-a3b), its
-    routing regime ``routing`` (see ``synth``)."""
+    """The bench's model of ``preset`` (with ``dense``: DENSE_PRESETS' dense preset, else the preset as a dense
+    qwen3), its routing regime ``routing`` (see ``synth``)."""
     from pyllama_moe.tools.synth import writer
 
     if dense:
-        writer.write_model(path, preset, arch="qwen3", progress=progress,
-                           **(DENSE_SHAPE if preset == "30b-a3b" else {}))
+        writer.write_model(path, DENSE_PRESETS.get(preset, preset), arch="qwen3", progress=progress)
     else:
         writer.write_model(path, preset, progress=progress, routing=routing)
 

@@ -183,6 +183,11 @@ PRESETS: dict[str, Shape] = {
         arch=ARCH_QWEN3MOE, n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
         n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff=6144, context_length=40960,
     ),
+    # Qwen3-8B's shape, dense: about 8 GiB at q4_0, the bench's dense model beside 30b-a3b
+    "8b": Shape(
+        arch=ARCH_QWEN3, n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
+        n_expert=0, n_expert_used=0, n_ff_exp=0, n_ff=12288, context_length=40960,
+    ),
 }
 
 SHAPE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Shape) if f.name != "arch")
