@@ -12,6 +12,8 @@
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
+#   ci/gpu.sh bench-predict [args] the bench with LLAMA_MOE_CACHE_PREDICT unset and =1: all on the GPU and caches of
+#                                  25 / 50 / 80% of the experts, decode figures with the misses predicted
 # The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), collapsed or uniform;
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
 # PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
@@ -109,15 +111,19 @@ models() {  # after the build: the writer takes its tokenizer from the vendored 
 }
 
 sanitize() {
-    # the device lookup, the prefetch and the seed under compute-sanitizer: plain CLOCK with the prefetch uploading
-    # every expert, then the admission policy with the prefetch through the cache (the defaults); seeds checked
+    # the device lookup, the prefetch and the seed under compute-sanitizer: the prefetch uploading every expert, then
+    # the prefetch through the cache (the default) with the prediction's copies on their own stream; seeds checked
     export GGML_SCHED_PREFETCH_MIN_BATCH=1
-    local opt arch
+    local opt arch tool
     for opt in 0 1; do
         for arch in qwen3moe gpt-oss; do
-            LLAMA_MOE_CACHE_ADMIT=$opt LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_SEED_CHECK=1 \
+            LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_PREDICT=$opt LLAMA_MOE_CACHE_SEED_CHECK=1 \
                 compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
+    done
+    # the prediction's lookups and copies: shared memory races and barriers
+    for tool in racecheck synccheck; do
+        LLAMA_MOE_CACHE_PREDICT=1 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
     done
 }
 
@@ -143,5 +149,7 @@ case "${1:-}" in
     models)   build; models ;;
     sanitize) build; sanitize ;;
     bench)    shift; build; bench "$@" ;;
+    bench-predict) shift; build; bench --setups gpu,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=1 \
+                       --pp 512 --ub 512 --tg 128 --no-native "$@" ;;
     *)        build; tests "$@" ;;
 esac

@@ -382,14 +382,15 @@ class Llama:
         ``moe.MoeCacheStats.as_dict()``: experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per
         MoE layer and ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
         and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
-        ubatches read from the cache instead of host memory; ``admission``: the selections the device lookups'
-        admission policy counts (off with ``LLAMA_MOE_CACHE_ADMIT=0``), summed over the experts, the history it
-        admits by (halved every 4 x slots selections, kept while prompts use the host lookup); ``prefetch``: the
+        ubatches read from the cache instead of host memory; ``prefetch``: the
         prefetch of large ubatches through the cache (off with ``LLAMA_MOE_CACHE_PREFETCH=0``): batched copy calls,
         regions, bytes copied from the cache and uploaded, in all and per large ubatch; ``seed``: the seeds of the
         cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
         ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
-        the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``).
+        the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
+        ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=1``): the experts the device lookups prefetched for the next
+        layer's predicted routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in
+        ``device`` hits) and those evicted unused (``wasted``).
         ``moe.MoeCacheStats.from_dict`` reads it back; subtracting two gives what happened between them.
         """
         stats = self._ctx.moe_cache_stats()

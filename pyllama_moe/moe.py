@@ -303,17 +303,19 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
 # the lookup paths of the counts, as the C fields name them
 _PATHS = ("small", "large", "device")
 
-# as_dict's groups past the lookup paths, key -> C field: experts copied for large ubatches; the device lookups'
-# admission counts (LLAMA_MOE_CACHE_ADMIT=0: none), summed, kept across prompts; the prefetch of large ubatches
-# through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off); the seeds from the experts staged for the last large ubatch of
-# a batch (LLAMA_MOE_CACHE_SEED=0: off), checked slots with LLAMA_MOE_CACHE_SEED_CHECK=1
+# as_dict's groups past the lookup paths, key -> C field: experts copied for large ubatches; the prefetch of large
+# ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off); the seeds from the experts staged for the last large
+# ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off), checked slots with LLAMA_MOE_CACHE_SEED_CHECK=1; the experts the
+# device lookups prefetched for the next layer's predicted routing (LLAMA_MOE_CACHE_PREDICT=1), those a lookup then
+# found, those evicted unused
 _GROUPS = {
     "copied": {"experts": "n_copied", "bytes": "bytes_copied"},
-    "admission": {"selections": "n_admit_selections"},
     "prefetch": {"ubatches": "n_ubatch_large", "calls": "n_prefetch_calls", "regions": "n_prefetch_regions",
                  "bytes_cache": "bytes_prefetch_cache", "bytes_host": "bytes_prefetch_host"},
     "seed": {"ubatches": "n_seed_ubatch", "experts": "n_seeded", "bytes": "bytes_seeded", "dropped": "n_seed_dropped",
              "checked": "n_seed_checked", "check_failed": "n_seed_check_failed"},
+    "predicted": {"experts": "n_predicted", "used": "n_predicted_used", "wasted": "n_predicted_wasted",
+                  "bytes": "bytes_predicted"},
 }
 
 
@@ -335,7 +337,6 @@ class MoeCacheStats:
     bytes_device: int = 0
     n_copied: int = 0
     bytes_copied: int = 0
-    n_admit_selections: int = 0
     n_ubatch_large: int = 0
     n_prefetch_calls: int = 0
     n_prefetch_regions: int = 0
@@ -347,6 +348,10 @@ class MoeCacheStats:
     n_seed_dropped: int = 0
     n_seed_checked: int = 0
     n_seed_check_failed: int = 0
+    n_predicted: int = 0
+    n_predicted_used: int = 0
+    n_predicted_wasted: int = 0
+    bytes_predicted: int = 0
 
     @classmethod
     def from_c(cls, st: Any) -> MoeCacheStats:

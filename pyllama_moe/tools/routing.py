@@ -13,7 +13,10 @@ The experts each layer selects for every token are recorded through llama.cpp's 
 - an LRU cache of 10 / 25 / 50 / 80% of all experts (one cache for every layer, looked up token by token as a decode
   step looks it up): its hit rate;
 - prediction: the recall of layer l+1's experts by layer l+1's router applied to layer l's router input (top-K, and
-  within the top 2K), the figure a prefetch of the next layer's experts is built on.
+  within the top 2K), the figure a prefetch of the next layer's experts is built on;
+- the MoE cache's device lookup (its CLOCK, :mod:`.cachesim`) of 10 / 25 / 50 / 80% of all experts replayed on the
+  recording without and with that prefetch (``LLAMA_MOE_CACHE_PREDICT=1``): hit rates, the share of the misses the
+  prefetch copied ahead, and the experts it copies per token, in all and for nothing.
 
 Public API: :func:`record`, :func:`report`, :func:`stdlib_text`.
 """
@@ -280,6 +283,24 @@ def router_weights(model: str | Path) -> dict[int, npt.NDArray[np.float32]]:
     return out
 
 
+def clock_with_prediction(rec: Recording, routers: dict[int, npt.NDArray[np.float32]],
+                          fractions: Sequence[float] = CACHE_FRACTIONS) -> dict[str, dict[str, float]]:
+    """Per cache size: the device lookup's hit rate replayed without and with the prediction, the share of the
+    misses it copied ahead, the experts it copied per token and those it copied for nothing (:mod:`.cachesim`)."""
+    from pyllama_moe.tools import cachesim
+
+    predicted = cachesim.predicted_topk(rec.topk, rec.router_in, routers)
+    out = {}
+    for f in fractions:
+        off = cachesim.simulate(rec.topk, rec.n_expert, f)
+        on = cachesim.simulate(rec.topk, rec.n_expert, f, predicted)
+        n = max(on.n_tokens, 1)
+        out[f"{int(f * 100)}%"] = {"hit_rate": off.hit_rate, "hit_rate_predicted": on.hit_rate,
+                                   "misses_predicted": on.misses_predicted, "predicted_per_token": on.predicted / n,
+                                   "wasted_per_token": on.wasted / n}
+    return out
+
+
 def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = None) -> dict[str, Any]:
     """The statistics of the module docstring, per layer and overall (means over the layers)."""
     per_layer = {}
@@ -296,6 +317,8 @@ def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = 
         overall["recall_k"] = float(np.mean([r[0] for r in pred.values()]))
         overall["recall_2k"] = float(np.mean([r[1] for r in pred.values()]))
     overall["lru"] = {f"{int(f * 100)}%": lru_hit_rate(rec, f) for f in CACHE_FRACTIONS}
+    if routers:
+        overall["clock"] = clock_with_prediction(rec, routers)
     n_tokens = len(next(iter(rec.topk.values()))) if rec.topk else 0
     k = next(iter(rec.topk.values())).shape[1] if rec.topk else 0
     return {"n_tokens": n_tokens, "n_layers": len(rec.layers), "n_expert": rec.n_expert, "n_expert_used": k,
@@ -305,7 +328,7 @@ def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = 
 def cache_hit_rates(model: str | Path, tokens: Sequence[int], fractions: Sequence[float] = CACHE_FRACTIONS
                     ) -> dict[str, dict[str, float]]:
     """The MoE cache's own hit rates (GPU) on ``tokens`` decoded one at a time, experts in pinned host memory and a
-    cache of each fraction of them: the device lookup (with its admission) and the host LRU
+    cache of each fraction of them: the device lookup (CLOCK) and the host LRU
     (``LLAMA_MOE_CACHE_DEVICE=0``). Counted after the first 32 tokens (the cache fills). Empty without a GPU."""
     from pyllama_moe import Llama, backend
     from pyllama_moe.tools.bench.models import expert_bytes
@@ -358,6 +381,12 @@ def format_report(rep: dict[str, Any]) -> str:
     lines.append(row("all (mean)", o))
     lines += ["", "LRU cache of all layers' experts, hit rate: " +
               ", ".join(f"{k} of the experts {v:.1%}" for k, v in o["lru"].items())]
+    if o.get("clock"):
+        lines.append("the device lookup replayed (CLOCK), hit rate without / with the prediction, misses predicted, "
+                     "experts prefetched / wasted per token: " +
+                     ", ".join(f"{k} {v['hit_rate']:.1%} / {v['hit_rate_predicted']:.1%}, {v['misses_predicted']:.1%}, "
+                               f"{v['predicted_per_token']:.1f} / {v['wasted_per_token']:.1f}"
+                               for k, v in o["clock"].items()))
     if rep.get("cache"):
         lines.append("the MoE cache itself (GPU, after 32 tokens), hit rate device lookup / host LRU: " +
                      ", ".join(f"{k} {v['device']:.1%} / {v['host']:.1%}" for k, v in rep["cache"].items()))

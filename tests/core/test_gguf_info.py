@@ -65,3 +65,15 @@ def test_cache_stats_round_trip_and_difference() -> None:
                                                b.misses_device - a.misses_device + b.misses_small - a.misses_small)
     assert MoeCacheStats.from_dict({"seed": {"ubatches": 4}}) == MoeCacheStats(n_seed_ubatch=4)  # a group alone
     assert moe.MoeCacheStats is MoeCacheStats
+
+
+def test_cache_stats_has_every_field_of_the_c_struct() -> None:
+    # from_c reads each field by name, and a field the struct gains must reach moe_cache_stats()
+    from pyllama_moe.ffi import ffi
+
+    c_fields = [name for name, _ in ffi.typeof("struct llama_moe_cache_stats").fields]
+    assert [f.name for f in dataclasses.fields(MoeCacheStats)] == c_fields
+    st = ffi.new("struct llama_moe_cache_stats *")
+    for i, name in enumerate(c_fields):
+        setattr(st, name, i + 1)
+    assert MoeCacheStats.from_c(st) == MoeCacheStats(**{name: i + 1 for i, name in enumerate(c_fields)})

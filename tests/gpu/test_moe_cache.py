@@ -15,6 +15,7 @@ import pytest
 
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama import Llama
+from pyllama_moe.moe import MoeCacheStats
 
 from fixtures.native import greedy, model
 
@@ -66,16 +67,28 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
-def test_admission_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patch 0012, on by default: misses used less often than the expert they would evict go through scratch
-    # slots (a cache too small for them, as 32 KiB for gpt-oss, caches every miss); LLAMA_MOE_CACHE_ADMIT=0
-    # caches every miss. The experts read are the same, so are the results
-    host = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
-    admit = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT", "0")
-    clock = run(monkeypatch, moe, "1", PROMPT, cache_bytes=cache_bytes)
-    for res in (admit, clock):
-        assert res[0] == host[0] and res[1].tobytes() == host[1].tobytes()
+def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
+    # patch 0018 (LLAMA_MOE_CACHE_PREDICT=1): after the lookup of layer l, the experts that layer l + 1's router picks
+    # on layer l's input are copied on a stream of their own, and the lookup of layer l + 1 finds them. Only what the
+    # slots hold changes: 128 greedy tokens and their logits are those without the prediction, byte for byte, with a
+    # cache that evicts at every step (32 KiB) and one that holds every expert
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "1")
+    res: dict[str, tuple[list[int], np.ndarray]] = {}
+    stats: dict[str, MoeCacheStats] = {}
+    for predict in ("0", "1"):
+        monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
+        out: list[MoeCacheStats] = []
+        with model(moe, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+            res[predict] = greedy(m, PROMPT, 128, moe_cache_size=cache_bytes, stats=out)
+        stats[predict] = out[0]
+    assert res["1"][0] == res["0"][0] and res["1"][1].tobytes() == res["0"][1].tobytes()
+    off, on = stats["0"], stats["1"]
+    assert off.n_predicted == off.n_predicted_used == off.n_predicted_wasted == 0
+    assert on.hits_device + on.misses_device == off.hits_device + off.misses_device  # the same selections
+    assert on.n_predicted_used + on.n_predicted_wasted <= on.n_predicted
+    assert on.bytes_predicted == on.n_predicted * (off.bytes_device // max(off.misses_device, 1))
+    if cache_bytes < (1 << 20):  # evicting: layers 1..3 are predicted at every step, and the predictions are used
+        assert on.n_predicted > 0 and on.n_predicted_used > 0, on
 
 
 # a child process: ggml-cuda reads GGML_CUDA_PDL once per process
@@ -91,7 +104,7 @@ print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_programmatic_launch_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patch 0017: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
+    # patch 0016: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
     # for every kernel): each must still see what the kernel before it wrote. A small cache evicts at every step
     host_tokens, host_logits = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
     want = f"{host_tokens} {hashlib.sha256(host_logits.tobytes()).hexdigest()}"
@@ -142,7 +155,7 @@ def test_warmup_selecting_every_expert_does_not_abort(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("materialize", ["0", "1", "2"])
 def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, materialize: str) -> None:
-    # patch 0013: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
+    # patch 0012: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
     # mapping (always with LLAMA_MOE_CACHE_MATERIALIZE=2), copied once into anonymous memory and mapped there;
     # =0 keeps host lookups for what cannot be mapped. Any way, the tokens are those of the host lookups
     def generate(device: str) -> tuple[str, dict]:
@@ -162,7 +175,7 @@ def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, mater
 
 
 def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    # patch 0015 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in
+    # patch 0014 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in
     # the cache device to device and uploads only the others, before the routing is known: the same logits and tokens
     monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")  # the test's prompts are small
 
@@ -185,25 +198,3 @@ def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, m
     pf = stats["prefetch"]
     assert pf["ubatches"] > 0 and pf["bytes_cache"] > 0 and base_stats["prefetch"]["regions"] == 0
     assert 0 < pf["calls"] <= pf["regions"] and pf["bytes_cache"] + pf["bytes_host"] > 0
-
-
-def test_admission_history_survives_a_prompt(moe: Path) -> None:
-    # the device lookups count each expert's selections to admit by; a prompt between two decodes runs on the host
-    # lookup, and the decode after it goes on from the counts before it (patch 0012), not from zero. The cache holds
-    # every expert of the 4 x 8 and no count is halved (4 x 32 slots = 128 selections, 2 x 4 a token here)
-    with Llama(str(moe), n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=8, n_ctx=512,
-               verbose=False) as llm:
-        def selections() -> int:
-            stats = llm.moe_cache_stats()
-            assert stats is not None
-            return int(stats["admission"]["selections"])
-
-        per_token = 4 * 2  # layers x experts used
-        for _ in range(3):
-            llm.eval([llm.token_bos()])  # decode steps: device lookups
-        before = selections()
-        assert before == 3 * per_token
-        llm.eval(llm.tokenize(LONG.encode(), add_bos=False))  # more than 32 tokens: the host lookup
-        assert selections() == before  # kept on the host while the prompt runs
-        llm.eval([llm.token_bos()])
-        assert selections() == before + per_token

@@ -1,4 +1,4 @@
-"""On a GPU: the seed of the MoE cache from the end of a prompt (patch 0016).
+"""On a GPU: the seed of the MoE cache from the end of a prompt (patch 0015).
 
 The last large ubatch of each batch copies the experts it used most from their staged copies into cache
 slots, by its own routing. With LLAMA_MOE_CACHE_SEED_CHECK=1 every seeded slot is compared with its host
@@ -67,7 +67,7 @@ def test_seeded_slots_hold_their_experts(monkeypatch: pytest.MonkeyPatch, moe: P
     assert seed["ubatches"] == 8, stats
     assert seed["experts"] > 0 and seed["bytes"] > 0 and seed["dropped"] == 0, stats
     assert seed["checked"] > 0 and seed["check_failed"] == 0, stats
-    # the prefetched seeding ubatches also copied their cached experts from the cache (patch 0015)
+    # the prefetched seeding ubatches also copied their cached experts from the cache (patch 0014)
     prefetched = prefetch == "default" and min_batch == "1"
     assert (stats["prefetch"]["ubatches"] > 0) == prefetched, stats
 

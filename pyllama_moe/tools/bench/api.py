@@ -81,7 +81,13 @@ def decode_hits(before: Stats, after: Stats) -> dict[str, float]:
     if d is None:
         return {}
     hits, misses = d.hits("device", "small")
-    return {"hits": hits, "misses": misses, "hit_rate": 100.0 * hits / max(hits + misses, 1)}
+    res = {"hits": hits, "misses": misses, "hit_rate": 100.0 * hits / max(hits + misses, 1)}
+    if d.n_predicted:  # LLAMA_MOE_CACHE_PREDICT=1: the misses its prefetches turned into hits, the bytes for nothing
+        expert_mib = d.bytes_predicted / d.n_predicted / 2**20
+        res.update(predicted=d.n_predicted, predicted_used=d.n_predicted_used,
+                   hidden=100.0 * d.n_predicted_used / max(d.n_predicted_used + misses, 1),
+                   wasted_mib=d.n_predicted_wasted * expert_mib)
+    return res
 
 
 def prompt_copies(before: Stats, after: Stats) -> dict[str, float] | None:

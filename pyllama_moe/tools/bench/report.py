@@ -91,8 +91,13 @@ def table(rows: Iterable[Row]) -> str:
         small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
         if small:
             cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
-        if r.cache.get("tg"):  # the hit rate of the timed decode itself (the log's figures are the whole run's)
-            cell["cache"] = f"tg {r.cache['tg']['hit_rate']:.1f}% hits; " + cell.get("cache", "")
+        tg = r.cache.get("tg")
+        if tg:  # the hit rate of the timed decode itself (the log's figures are the whole run's)
+            pred = ""
+            if tg.get("predicted"):  # the misses the prediction hid, the MiB it copied for nothing per token
+                wasted = tg["wasted_mib"] / max(r.n_gen, 1)
+                pred = f", {tg['hidden']:.1f}% of misses predicted, {wasted:.1f} MiB wasted/token"
+            cell["cache"] = f"tg {tg['hit_rate']:.1f}% hits{pred}; " + cell.get("cache", "")
         pf = r.cache.get("prefetch")
         if pf:
             cell["prefetch"] = f"{pf['staging_mib']:.0f} MiB x{pf['depth']}"
