@@ -155,6 +155,25 @@ def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.Capt
     assert rows[0]["cache"]["first"]["s_with_prompt"] > 0
 
 
+def test_generation_with_a_draft(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --draft: greedy generation after a prompt that quotes code, without a draft and with prompt lookup: two columns
+    # of their own; tokens per decode is 1 without the draft and at least 1 with it
+    text, data = run_cpu_moe(tiny, tmp_path, capsys, "64", "--draft", "4", "--no-native")
+    header = next(ln for ln in text.splitlines() if ln.startswith("| setup"))
+    cols = [c.strip() for c in header.split("|")[1:-1]]
+    assert "gen4" in cols and "gen4 draft 4" in cols
+    gen = [r for r in data["rows"] if r["label"]]
+    assert sorted(r["label"] for r in gen) == ["gen4", "gen4", "gen4 draft 4", "gen4 draft 4"]  # under two switches
+    for r in gen:
+        assert r["n_gen"] == 4 and r["tokens_per_s"] > 0 and r["n_prompt"] > 256
+        per_decode = r["cache"]["generate"]["tokens_per_decode"]
+        assert per_decode == 1.0 if r["label"] == "gen4" else 1.0 <= per_decode <= 4.0
+    # the same text under both switch settings (a hash per column, compared like the others)
+    assert len({r["digest"] for r in gen if r["label"] == "gen4"}) == 1
+    row = next(ln for ln in text.splitlines() if "| python |" in ln)
+    assert "tokens/decode)" in row.split("|")[1 + cols.index("gen4 draft 4")]
+
+
 def test_warmup_changes_no_result(tiny: Path) -> None:
     # --warmup: the tokens evaluated before the timed prompt (none, a few, or by default a whole ubatch) change
     # its speed only

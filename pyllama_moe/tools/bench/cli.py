@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", action="store_true",
                     help="Python API: record what the GPU did in the timed prompt and the --first tokens (PyTorch's "
                          "profiler: kernels and copies per stream, copy time under compute) and print a summary")
+    ap.add_argument("--draft", type=int, default=0, metavar="N",
+                    help="Python API: also generate --tg greedy tokens after a prompt that quotes source code to edit, "
+                         "without a draft and with prompt-lookup speculative decoding proposing up to N tokens "
+                         "(LlamaPromptLookupDecoding): tokens/s and tokens per decode")
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="Python API: evaluate the prompt in batches of N tokens, only the last one with an output, as "
                          "llama-server's -b (default: the whole prompt in one batch)")
@@ -196,7 +200,7 @@ def _run(p: Params) -> Result:
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
                         res.rows += api_measure(model, setup, sw, max(p.pp), u, args.tg, warm=args.warm,
                                                 first=args.first, trace=args.trace, warmup=args.warmup,
-                                                batch=args.batch)
+                                                batch=args.batch, draft=args.draft)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 res.failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {res.failed[-1]}", file=sys.stderr, flush=True)

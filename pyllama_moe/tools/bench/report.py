@@ -23,6 +23,7 @@ class Row:
     stddev: float = 0.0
     cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     digest: str = ""  # Python runs: hash of the prompt's last logits (pp) or of the greedy tokens (tg)
+    label: str = ""  # the column, where it is not named by the token counts (--draft's generation)
     trace: dict[str, Any] = dataclasses.field(default_factory=dict)  # --trace: gpu_trace.TraceSummary of the timed part
 
 
@@ -70,6 +71,8 @@ def switch_label(switches: dict[str, str]) -> str:
 
 
 def column(r: Row) -> str:
+    if r.label:
+        return r.label
     if r.n_prompt and r.n_gen:  # --first: the tokens that continue the prompt
         return f"tg{r.n_gen} after pp{r.n_prompt}"
     return f"pp{r.n_prompt} ub{r.n_ubatch}" if r.n_prompt else f"tg{r.n_gen}"
@@ -88,6 +91,9 @@ def table(rows: Iterable[Row]) -> str:
         sw = switch_label(r.switches)
         cell = lines.setdefault((r.setup, sw, "python" if r.tool == "python" else "native"), {})
         cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
+        gen = r.cache.get("generate")
+        if gen and "draft" in r.label:  # tokens per decode: what the draft saved
+            cell[column(r)] += f" ({gen['tokens_per_decode']:.2f} tokens/decode)"
         small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
         if small:
             cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
