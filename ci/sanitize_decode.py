@@ -13,10 +13,11 @@ from pyllama_moe.tools import synth
 
 def main() -> int:
     arch = sys.argv[1] if len(sys.argv) > 1 else "qwen3moe"
-    path = os.path.join(tempfile.gettempdir(), f"pyllama-moe-sanitize-{arch}.gguf")
+    path = os.path.join(tempfile.gettempdir(), f"pyllama-moe-sanitize-{arch}-16x216k.gguf")
     if not os.path.exists(path):
-        synth.write_model(path, "tiny", arch=arch, skew=1.0, seed=3, n_layer=2)
-    # a cache of 1 MiB holds a few experts: lookups evict;
+        # 16 experts of 216 KiB a layer (6.75 MiB in all): a cache of 1 MiB holds a few of them, so lookups evict and
+        # a prefetch finds at most one slot free beside the two the lookup before it pinned
+        synth.write_model(path, "tiny", arch=arch, skew=1.0, seed=3, n_layer=2, n_embd=256, n_ff_exp=512, n_expert=16)
     # batches of 64 tokens: every batch of a prompt of several batches seeds the cache
     with Llama(path, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=1, n_ctx=512, n_batch=64,
                verbose=False) as llm:
