@@ -161,6 +161,13 @@ def test_real_weights_route(tmp_path: Path) -> None:
     # a router learned from the dense model's activations: better than chance at predicting the next layer (4/16)
     assert o["recall_k"] > 0.25 and o["recall_2k"] > o["recall_k"]
     assert o["lru"]["80%"] > o["lru"]["25%"]
+    # the device lookup replayed: the prediction's prefetches make hits of some of the misses at every size that misses
+    clock = o["clock"]
+    assert list(clock) == ["10%", "25%", "50%", "80%"]
+    for size in ("25%", "50%"):
+        c = clock[size]
+        assert c["hit_rate_predicted"] > c["hit_rate"] and 0 < c["misses_predicted"] < 1
+        assert 0 <= c["wasted_per_token"] < c["predicted_per_token"] <= 30 * 4  # at most a prediction per layer
 
 
 def test_cache_hit_rates_need_a_gpu(tmp_path: Path) -> None:
