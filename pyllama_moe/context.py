@@ -165,10 +165,7 @@ class Context:
 
     def moe_cache_stats(self) -> MoeCacheStats | None:
         """The MoE cache's counts, None without a cache (see ``Llama.moe_cache_stats``)."""
-        st = ffi.new("struct llama_moe_cache_stats *")
-        if not lib.llama_moe_cache_get_stats(self.ptr, st):
-            return None
-        return MoeCacheStats.from_c(st)
+        return MoeCacheStats.read(self.ptr)
 
     def pooled(self) -> bool:
         """Whether embeddings are pooled per sequence (pooling type other than none)."""

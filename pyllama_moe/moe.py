@@ -357,6 +357,14 @@ class MoeCacheStats:
     def from_c(cls, st: Any) -> MoeCacheStats:
         return cls(**{f.name: int(getattr(st, f.name)) for f in dataclasses.fields(cls)})
 
+    @classmethod
+    def read(cls, ctx: Any) -> MoeCacheStats | None:
+        """The counts of the context ``ctx`` (a ``llama_context *``), None without a cache."""
+        st = ffi.new("struct llama_moe_cache_stats *")
+        if not lib.llama_moe_cache_get_stats(ctx, st):
+            return None
+        return cls.from_c(st)
+
     def __sub__(self, other: MoeCacheStats) -> MoeCacheStats:
         return MoeCacheStats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
                                 for f in dataclasses.fields(self)})

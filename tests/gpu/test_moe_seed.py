@@ -18,6 +18,7 @@ from pyllama_moe.batch import Batch
 from pyllama_moe.errors import ContextError, check_decode, check_ptr
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.llama import Llama
+from pyllama_moe.moe import MoeCacheStats
 
 from fixtures.native import model
 
@@ -97,10 +98,9 @@ def test_seed_keeps_results_and_warms_decode(monkeypatch: pytest.MonkeyPatch, mo
 
 
 def seed_stats(ctx: object) -> dict[str, int]:
-    st = ffi.new("struct llama_moe_cache_stats *")
-    assert lib.llama_moe_cache_get_stats(ctx, st)
-    return {k: int(getattr(st, k))
-            for k in ("n_seed_ubatch", "n_seed_checked", "n_seed_check_failed", "n_seed_dropped")}
+    st = MoeCacheStats.read(ctx)
+    assert st is not None
+    return {k: getattr(st, k) for k in ("n_seed_ubatch", "n_seed_checked", "n_seed_check_failed", "n_seed_dropped")}
 
 
 def switch_sequences(path: Path) -> tuple[dict[str, int], np.ndarray]:
