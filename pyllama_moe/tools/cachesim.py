@@ -1,4 +1,5 @@
-"""The MoE cache's device lookup replayed on recorded routing, with and without the prediction.
+"""The MoE cache's device lookup replayed on recorded routing, with and without the prediction, beside the policies
+it could have: Belady's optimum and upstream's recency-frequency classes.
 
 One CLOCK over the slots of every layer's experts, looked up token by token and layer by layer as a decode step
 looks it up, by the rules of ``GGML_OP_MOE_CACHE_LOOKUP`` (``ggml.h``): a lookup pins the slots of its experts for its
@@ -7,13 +8,25 @@ bits it passes. With the prediction (``LLAMA_MOE_CACHE_PREDICT=1``), after the l
 layer l + 1's router selects on layer l's router input are prefetched: in the epoch of that lookup, into slots that
 start unreferenced; the lookup of layer l + 1 then finds those it selects.
 
-Public API: :func:`simulate`, :class:`ClockStats`.
+Two other policies over the same lookups bound what a better policy could still buy:
+
+- Belady's optimum (:func:`belady`): each miss evicts the cached expert whose next use is the farthest away (it knows
+  the future; no policy that does not can hit more);
+- the recency-frequency classes that upstream llama.cpp's cache moved to after our pin (:func:`class_lru`, modelled
+  from its description): each expert keeps a use count decayed with a half-life of 128 tokens, kept across evictions;
+  its class is the count's log2 (at most 7) as of its last use, and a miss evicts the expert with the largest age
+  (tokens since its last use) over 2^class.
+
+Public API: :func:`simulate`, :class:`ClockStats`, :func:`belady`, :func:`class_lru`, :func:`policies`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -147,3 +160,121 @@ def simulate(topk: Routing, n_expert: int, fraction: float, predicted: Routing |
                 clock.lookup([(il + 1, e) for e in sorted(set(nxt[t].tolist()))], prefetch=True)
     clock.stats.n_tokens = n_tokens
     return clock.stats
+
+
+# ---------------------------------------------------------------- other policies over the same lookups
+
+
+def _lookups(topk: Routing) -> Iterator[tuple[int, int, list[int]]]:
+    """``(token, layer, keys)`` of every lookup in decode order: a layer's distinct experts of a token, the key of
+    expert ``e`` of the ``i``-th layer being ``i * n_expert + e`` (computed by the callers)."""
+    layers = sorted(topk)
+    n_tokens = len(topk[layers[0]]) if layers else 0
+    for t in range(n_tokens):
+        for i, il in enumerate(layers):
+            yield t, i, sorted(set(topk[il][t].tolist()))
+
+
+def _capacity(topk: Routing, n_expert: int, fraction: float) -> int:
+    """Slots of a cache of ``fraction`` of every layer's experts, at least one lookup's (as :func:`simulate`)."""
+    k = max(topk[il].shape[1] for il in topk)
+    return max(k, int(round(fraction * n_expert * len(topk))))
+
+
+def belady(topk: Routing, n_expert: int, fraction: float) -> float:
+    """The hit rate of Belady's optimum: a miss evicts the cached expert used again the latest (or never), never one
+    of the lookup's own experts."""
+    if not topk:
+        return 0.0
+    seq = [(i * n_expert + e, ln) for ln, (_, i, keys) in enumerate(_lookups(topk)) for e in keys]
+    nxt = [0] * len(seq)
+    last: dict[int, int] = {}
+    for j in range(len(seq) - 1, -1, -1):
+        nxt[j] = last.get(seq[j][0], len(seq))
+        last[seq[j][0]] = j
+    cap = _capacity(topk, n_expert, fraction)
+    cached: dict[int, int] = {}  # key -> the position of its next use
+    heap: list[tuple[int, int]] = []  # (-next use, key), stale entries skipped
+    hits = 0
+    j = 0
+    while j < len(seq):
+        end = j
+        while end < len(seq) and seq[end][1] == seq[j][1]:
+            end += 1
+        group = {seq[i][0] for i in range(j, end)}
+        for i in range(j, end):
+            key = seq[i][0]
+            if key in cached:
+                hits += 1
+            elif len(cached) >= cap:
+                skipped = []
+                while True:
+                    neg, victim = heapq.heappop(heap)
+                    if cached.get(victim) != -neg:
+                        continue  # stale
+                    if victim in group:
+                        skipped.append((neg, victim))
+                        continue
+                    del cached[victim]
+                    break
+                for item in skipped:
+                    heapq.heappush(heap, item)
+            cached[key] = nxt[i]
+            heapq.heappush(heap, (-nxt[i], key))
+        j = end
+    return hits / len(seq) if seq else 0.0
+
+
+CLASS_HALF_LIFE = 128.0  # tokens
+N_CLASSES = 8
+
+
+def class_lru(topk: Routing, n_expert: int, fraction: float, half_life: float = CLASS_HALF_LIFE,
+              n_classes: int = N_CLASSES) -> float:
+    """The hit rate of the recency-frequency classes (module docstring): one LRU list per class; a miss evicts, of
+    the least recently used expert of each list, the one with the largest age over 2^class. The clock counts tokens,
+    and a layer's lookup a fraction of one, so that earlier layers of the same token are older."""
+    if not topk:
+        return 0.0
+    n_layer = len(topk)
+    cap = _capacity(topk, n_expert, fraction)
+    decay = math.log(2.0) / half_life
+    crf: dict[int, float] = {}
+    used_at: dict[int, float] = {}
+    lists: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n_classes)]
+    class_of: dict[int, int] = {}  # cached key -> its list
+    hits = lookups = 0
+    for t, i, keys in _lookups(topk):
+        now = t + i / n_layer
+        group = [i * n_expert + e for e in keys]
+        for key in group:
+            lookups += 1
+            if key in class_of:
+                hits += 1
+                del lists[class_of[key]][key]
+            elif len(class_of) >= cap:
+                victim, worst = -1, -1.0
+                pinned = set(group)
+                for c, lst in enumerate(lists):
+                    for cand in lst:  # the least recently used first; the lookup's own experts are skipped
+                        if cand in pinned:
+                            continue
+                        score = (now - used_at[cand]) / 2.0**c
+                        if score > worst:
+                            victim, worst = cand, score
+                        break
+                del lists[class_of.pop(victim)][victim]
+            c0 = crf.get(key, 0.0) * math.exp(-decay * (now - used_at.get(key, now))) + 1.0
+            crf[key], used_at[key] = c0, now
+            c = min(int(math.floor(math.log2(c0))), n_classes - 1)
+            class_of[key] = c
+            lists[c][key] = None
+    return hits / lookups if lookups else 0.0
+
+
+def policies(topk: Routing, n_expert: int, fractions: Sequence[float]) -> dict[str, dict[str, float]]:
+    """Per cache size (``"25%"``): the hit rates of the device lookup's CLOCK, the recency-frequency classes and
+    Belady's optimum on the same lookups."""
+    return {f"{int(f * 100)}%": {"clock": simulate(topk, n_expert, f).hit_rate,
+                                 "class_lru": class_lru(topk, n_expert, f), "belady": belady(topk, n_expert, f)}
+            for f in fractions}

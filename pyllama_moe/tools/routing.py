@@ -16,7 +16,11 @@ The experts each layer selects for every token are recorded through llama.cpp's 
   within the top 2K), the figure a prefetch of the next layer's experts is built on;
 - the MoE cache's device lookup (its CLOCK, :mod:`.cachesim`) of 10 / 25 / 50 / 80% of all experts replayed on the
   recording without and with that prefetch (``LLAMA_MOE_CACHE_PREDICT=1``): hit rates, the share of the misses the
-  prefetch copied ahead, and the experts it copies per token, in all and for nothing.
+  prefetch copied ahead, and the experts it copies per token, in all and for nothing;
+- the headroom of a better policy: at the same sizes, the hit rates of LRU, the device lookup's CLOCK, the
+  recency-frequency classes upstream moved to after our pin and Belady's optimum, which knows the future;
+- with ``--compare``: the figures trained MoE models measure (:mod:`.routing_refs`, with their sources) beside this
+  model's, for the family its regime stands for (a synthetic model's) or for every family.
 
 Public API: :func:`record`, :func:`report`, :func:`stdlib_text`.
 """
@@ -301,6 +305,17 @@ def clock_with_prediction(rec: Recording, routers: dict[int, npt.NDArray[np.floa
     return out
 
 
+def policies(rec: Recording, fractions: Sequence[float] = CACHE_FRACTIONS) -> dict[str, dict[str, float]]:
+    """Per cache size: the hit rates of LRU, the device lookup's CLOCK, upstream's recency-frequency classes and
+    Belady's optimum (:mod:`.cachesim`) on the same lookups."""
+    from pyllama_moe.tools import cachesim
+
+    out = cachesim.policies(rec.topk, rec.n_expert, fractions)
+    for f, row in zip(fractions, out.values(), strict=True):
+        row["lru"] = lru_hit_rate(rec, f)
+    return {k: {p: v[p] for p in ("lru", "clock", "class_lru", "belady")} for k, v in out.items()}
+
+
 def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = None) -> dict[str, Any]:
     """The statistics of the module docstring, per layer and overall (means over the layers)."""
     per_layer = {}
@@ -317,6 +332,7 @@ def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = 
         overall["recall_k"] = float(np.mean([r[0] for r in pred.values()]))
         overall["recall_2k"] = float(np.mean([r[1] for r in pred.values()]))
     overall["lru"] = {f"{int(f * 100)}%": lru_hit_rate(rec, f) for f in CACHE_FRACTIONS}
+    overall["policies"] = policies(rec)
     if routers:
         overall["clock"] = clock_with_prediction(rec, routers)
     n_tokens = len(next(iter(rec.topk.values()))) if rec.topk else 0
@@ -381,6 +397,13 @@ def format_report(rep: dict[str, Any]) -> str:
     lines.append(row("all (mean)", o))
     lines += ["", "LRU cache of all layers' experts, hit rate: " +
               ", ".join(f"{k} of the experts {v:.1%}" for k, v in o["lru"].items())]
+    if o.get("policies"):
+        lines += ["", "| cache | LRU | CLOCK (the device lookup) | recency-frequency classes (upstream) "
+                  "| Belady's optimum |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['lru']:.1%} | {v['clock']:.1%} | {v['class_lru']:.1%} | {v['belady']:.1%} |"
+                  for k, v in o["policies"].items()]
+        lines.append("")
     if o.get("clock"):
         lines.append("the device lookup replayed (CLOCK), hit rate without / with the prediction, misses predicted, "
                      "experts prefetched / wasted per token: " +
@@ -402,6 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the report as JSON too")
     ap.add_argument("--cache", action="store_true",
                     help="also decode the tokens through the MoE cache of each size (GPU): its own hit rates")
+    ap.add_argument("--compare", action="store_true",
+                    help="print what trained MoE models measure beside this model's figures (the family of its "
+                         "calibrated regime, or every family)")
     args = ap.parse_args(argv)
 
     from pyllama_moe import Llama
@@ -414,6 +440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cache:
         rep["cache"] = cache_hit_rates(args.model, tokens)
     print(format_report(rep))
+    if args.compare:
+        from pyllama_moe.gguf_info import GGUFInfo
+        from pyllama_moe.tools import routing_refs
+
+        regime = GGUFInfo.read(args.model).meta.get("pyllama_moe.synth.routing", "")
+        print()
+        print(routing_refs.format_compare(rep, (regime,) if regime in routing_refs.REFERENCES
+                                          else tuple(routing_refs.REFERENCES)))
     if args.json:
         args.json.write_text(json.dumps(rep, indent=1))
     return 0

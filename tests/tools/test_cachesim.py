@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyllama_moe.tools.cachesim import Clock, predicted_topk, simulate
+from pyllama_moe.tools.cachesim import Clock, belady, class_lru, policies, predicted_topk, simulate
 from pyllama_moe.tools.routing import Recording
 
 
@@ -81,3 +81,50 @@ def test_a_lookup_larger_than_the_cache_is_refused() -> None:
         Clock(2).lookup([(0, 0), (0, 1), (0, 2)])
     with pytest.raises(ValueError, match="slot"):
         Clock(0)
+
+
+# ---------------------------------------------------------------- Belady's optimum and the recency-frequency classes
+
+
+def test_belady_evicts_what_is_used_again_the_latest() -> None:
+    # one layer, one expert per token, a cache of 2 slots (2 of 8): a b c a b c ... LRU and CLOCK always evict the
+    # expert needed next and hit nothing; the optimum keeps one of the two it holds for the round after
+    topk = {0: np.array([[e] for e in [0, 1, 2] * 20], dtype=np.int32)}
+    assert belady(topk, 8, 0.25) == pytest.approx(29 / 60)  # after the first two misses, every second access hits
+    rec = Recording(8, topk, {})
+    from pyllama_moe.tools.routing import lru_hit_rate
+
+    assert lru_hit_rate(rec, 0.25) == 0.0 and simulate(topk, 8, 0.25).hit_rate == 0.0
+
+
+def test_belady_bounds_every_policy_from_above() -> None:
+    rec = recording(300, 4, 32, 4, seed=5)
+    for f in (0.25, 0.5):
+        rates = policies(rec.topk, rec.n_expert, (f,))[f"{int(f * 100)}%"]
+        assert rates["belady"] >= max(rates["clock"], rates["class_lru"])
+        assert 0.0 < rates["clock"] < rates["belady"] <= 1.0
+    # a cache of every expert: each expert misses once, whatever the policy
+    full = policies(rec.topk, rec.n_expert, (1.0,))["100%"]
+    assert full["belady"] == full["clock"] == full["class_lru"]
+
+
+def test_classes_keep_a_frequent_expert_through_a_scan() -> None:
+    # expert 0 of a layer comes back every sixth token; between its uses a scan of 5 experts seen once passes through
+    # a cache of 4 slots. LRU evicts expert 0 before each return and hits nothing. The classes evict it too while its
+    # decayed count is below 2 (class 0: the oldest goes), then at its third use it enters class 1, where its age
+    # counts half, and stays: every use from the fourth on is a hit
+    rows = []
+    scan = iter(range(1, 10_000))
+    for _ in range(40):
+        rows.append([0])
+        rows.extend([next(scan) % 60 + 1] for _ in range(5))
+    topk = {0: np.array(rows, dtype=np.int32)}
+    rec = Recording(64, topk, {})
+    from pyllama_moe.tools.routing import lru_hit_rate
+
+    f = 4 / 64
+    assert lru_hit_rate(rec, f) == 0.0
+    assert class_lru(topk, 64, f) == pytest.approx(37 / len(rows))
+    # no frequency to see (each expert once): the classes evict the oldest, as LRU does
+    once = {0: np.arange(40, dtype=np.int32).reshape(-1, 1)}
+    assert class_lru(once, 64, f) == 0.0

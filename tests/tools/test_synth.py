@@ -611,31 +611,36 @@ def test_routing_regimes_and_their_errors() -> None:
     assert synth.plan("tiny", skew=0.5).regime == "skew"
     p = synth.plan("tiny", routing="realistic")
     assert p.regime == "realistic" and p.scale_signs == "random"
-    assert {t.name for t in p.tensors if t.init == "realistic"} == {
+    assert synth.plan("tiny", routing="dispersed").regime == "dispersed"
+    assert {t.name for t in p.tensors if t.init == "routed"} == {
         "token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
         "blk.0.attn_output.weight", "blk.1.attn_output.weight", "blk.0.ffn_down_exps.weight",
         "blk.1.ffn_down_exps.weight"}
     # the same tensors, sizes and types as the other regimes: the same compute
     assert synth.plan("30b-a3b", routing="realistic").rows() == synth.plan("30b-a3b").rows()
+    assert synth.plan("30b-a3b", routing="dispersed").rows() == synth.plan("30b-a3b").rows()
     for kwargs, match in [({"routing": "trained"}, "routing must be one of"),
                           ({"routing": "realistic", "arch": "gpt-oss"}, "needs the qwen3moe arch"),
                           ({"routing": "realistic", "skew": 0.3}, "both set the routing"),
                           ({"routing": "collapsed", "scale_signs": "random"}, "needs scale_signs='positive'"),
-                          ({"routing": "realistic", "n_embd": 32}, "realistic routing needs n_embd >=")]:
+                          ({"routing": "dispersed", "arch": "qwen3"}, "needs the qwen3moe arch"),
+                          ({"routing": "realistic", "n_embd": 32}, "calibrated routing needs n_embd >=")]:
         with pytest.raises(ValueError, match=match):
             synth.plan("tiny", **kwargs)
 
 
-def test_realistic_weights_route_through_their_subspace(small_vocab: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("regime", ["realistic", "dispersed"])
+def test_calibrated_weights_route_through_their_subspace(regime: str, small_vocab: Path, tmp_path: Path) -> None:
     from pyllama_moe.tools.synth import routing as synth_routing
 
-    kw = {"seed": 4, "vocab_path": small_vocab, "n_layer": 3, "routing": "realistic"}
+    kw = {"seed": 4, "vocab_path": small_vocab, "n_layer": 3, "routing": regime}
     path = synth.write_model(tmp_path / "r.gguf", "tiny", threads=1, **kw)
     assert path.read_bytes() == synth.write_model(tmp_path / "r3.gguf", "tiny", threads=3, **kw).read_bytes()
     reader = read(path)
-    assert reader.fields["pyllama_moe.synth.routing"].contents() == "realistic"
+    assert reader.fields["pyllama_moe.synth.routing"].contents() == regime
     got = tensors(reader)
-    lay = synth_routing.layout(TINY.n_embd, TINY.head_dim, TINY.n_expert, 3, TINY.rope_freq_base)
+    lay = synth_routing.layout(TINY.n_embd, TINY.head_dim, TINY.n_expert, 3, TINY.rope_freq_base,
+                               synth_routing.REGIMES[regime].window)
     assert lay.n_bank == 2 and lay.d_new >= 1 and lay.pairs
     emb = values(got["token_embd.weight"])  # [n_vocab, n_embd]
     assert np.allclose(emb[:, lay.c], synth_routing.C_MAG, rtol=1e-3)
@@ -663,7 +668,7 @@ def test_realistic_weights_route_through_their_subspace(small_vocab: Path, tmp_p
         assert np.all(np.delete(w, lay.c, axis=1) == 0)
         pairs = [*lay.pairs, *(p + TINY.head_dim // 2 for p in lay.pairs)]
         assert np.flatnonzero(w[:, lay.c]).tolist() == sorted(pairs)
-    # outside the routing tensors, the realistic model is the uniform one of its seed
+    # outside the routing tensors, the calibrated model is the uniform one of its seed
     uni = tensors(read(synth.write_model(tmp_path / "u.gguf", "tiny", seed=4, vocab_path=small_vocab, n_layer=3,
                                          routing="uniform")))
     up = "blk.1.ffn_up_exps.weight"
@@ -679,4 +684,9 @@ def test_recency_window_weights() -> None:
     w = synth_routing.window_weights(lay, 1e6)
     # most of the weight on the last ~40 tokens, the newest the heaviest
     assert w[0] == w.max() and 0.9 < w[:41].sum() < 1.0 and w[:11].sum() < 0.7
-    assert synth_routing.strengths(0, 48)[0] < synth_routing.strengths(47, 48)[0]
+    realistic = synth_routing.REGIMES["realistic"]
+    assert realistic.strengths(0, 48)[0] < realistic.strengths(47, 48)[0]
+    # the dispersed regime's window is a few tokens long
+    short = synth_routing.window_weights(synth_routing.layout(2048, 128, 128, 48, 1e6,
+                                                              synth_routing.REGIMES["dispersed"].window), 1e6)
+    assert short[:4].sum() > 0.8 and w[:4].sum() < 0.3

@@ -50,9 +50,10 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="GGUF model; with --preset, written there first if absent")
     ap.add_argument("--preset", help="make the model with pyllama_moe.tools.synth if the file does not exist")
-    ap.add_argument("--routing", default="realistic", choices=("realistic", "collapsed", "uniform"),
-                    help="with --preset: the routing regime of the model written (default realistic, like a trained "
-                         "MoE's; collapsed and uniform are the bounds)")
+    ap.add_argument("--routing", default="realistic", choices=("realistic", "dispersed", "uniform", "collapsed"),
+                    help="with --preset: the routing regime of the model written (default realistic, calibrated to "
+                         "Qwen3-30B-A3B; dispersed to Mixtral- and shared-expert models; uniform and collapsed are "
+                         "the bounds)")
     ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
                                      "cache-<N>mib (a cache of N MiB), fit-<G>gib and fit-<G>gib-cache (fit=True "
                                      "with G GiB of the GPU, without the cache and with moe_cache_mib='auto'); a cache "

@@ -51,6 +51,8 @@ SETUPS: dict[str, Setup] = {
                           needs_gpu=False, llama_kwargs=(*_HOST, ("load_mode", "mmap"))),
     "cpu_moe-none": Setup("cpu_moe-none", ("-ngl", "99", "-lm", "none"), ("-ncmoe", "99"), ("--cpu-moe",),
                           needs_gpu=False, llama_kwargs=(*_HOST, ("load_mode", "none"))),
+    "cache-10": Setup("cache-10", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.10,
+                      llama_kwargs=(*_HOST, ("load_mode", "none"))),
     "cache-25": Setup("cache-25", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.25,
                       llama_kwargs=(*_HOST, ("load_mode", "none"))),
     "cache-50": Setup("cache-50", ("-ngl", "99", "-lm", "none"), (), ("--cpu-moe",), cache_fraction=0.50,

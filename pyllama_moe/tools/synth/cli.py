@@ -41,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="type of attention/embedding/output (default f16)")
     ap.add_argument("--skew", type=float, default=0.0, help="router skew, 0 = uniform random routing (default 0)")
     ap.add_argument("--routing", default="auto", choices=ROUTINGS,
-                    help="routing regime: collapsed (onto a few experts), uniform, realistic (like a trained MoE's, "
-                         "qwen3moe) (default auto: collapsed, or as --skew and --scale-signs say)")
+                    help="routing regime: realistic (calibrated to Qwen3-30B-A3B), dispersed (to Mixtral- and "
+                         "shared-expert models; both qwen3moe), uniform, collapsed (onto a few experts) (default auto: "
+                         "collapsed, or as --skew and --scale-signs say)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--scale-signs", default="auto", choices=SCALE_SIGNS,
                     help="signs of the quantized blocks' scales (default auto: positive without skew, random with it)")

@@ -1,18 +1,18 @@
-"""The ``realistic`` routing of :mod:`pyllama_moe.tools.synth`: random weights whose routers behave like a trained
-MoE's.
+"""The calibrated routing regimes of :mod:`pyllama_moe.tools.synth` (``realistic``, ``dispersed``): random weights
+whose routers behave like a trained MoE's.
 
-A trained MoE's router logit for expert ``e`` at layer ``l`` mixes three things (measured on a MoE made from real
-weights, ``python -m pyllama_moe routing``): a preference of the layer for some experts (a few experts cover most
-selections), the token itself, and the recent context (consecutive tokens share about half their experts; a new
-topic moves them). The realistic model builds exactly these three terms, so that on real text
+A trained MoE's router logit for expert ``e`` at layer ``l`` mixes a preference of the layer for some experts, the
+token itself and the recent context, and what the layer before computed adds a part that its own router input cannot
+predict. The regimes build exactly these terms, so that on real text
 
-    z[l, e](i) = aP(l) * P[l, e] + N[l, e](token i) + aC(l) * C[l, e](tokens i, i-1, ...) + A_NEW * F[l, e](i)
+    z[l, e](i) = aP(l) * P[l, e] + N[l, e](token i) + aC(l) * C[l, e](tokens i, i-1, ...) + a_new * F[l, e](i)
 
-with ``P``, ``N``, ``C``, ``F`` of unit variance, and ``aP``, ``aC`` growing with depth as :data:`KNOTS` says (the deep
-layers of the real-weight MoE concentrate on fewer experts and change them less often than the early ones). ``F`` is
-what layer ``l - 1``'s experts computed: the part of layer ``l``'s routing that layer ``l - 1``'s router input cannot
-predict (on the real-weight MoE, layer l+1's router applied to layer l's input finds 70% of its experts, 87% within
-its top 2K; without ``F`` the synthetic one would find all).
+with ``P``, ``N``, ``C``, ``F`` of unit variance. A :class:`Regime` holds the constants: ``aP`` and ``aC`` by depth,
+``a_new`` and the length of the recency window. Each is fitted to the published figures of the models it stands for
+(``docs/routing.md``; :mod:`pyllama_moe.tools.routing_refs` holds them): ``realistic`` to Qwen3-30B-A3B (the deep
+layers concentrate on fewer experts, a context of about 15 tokens, the next layer 86% predictable), ``dispersed`` to
+Mixtral- and shared-expert models (no preferred experts, a context of a few tokens). ``F`` is what layer ``l - 1``'s
+experts computed: the part of layer ``l``'s routing that layer ``l - 1``'s router input cannot predict.
 
 How the weights carry them (qwen3moe): the last ``1 + d_T + d_C`` dimensions of the residual stream form a routing
 subspace that only the token embedding and one attention head write to:
@@ -21,9 +21,9 @@ subspace that only the token embedding and one attention head write to:
 - ``d_T`` token dimensions: each token's embedding holds a random vector of norm ``T_MAG``, router rows random ones;
 - ``d_C`` context dimensions: written by head 0 of layer 0 only. Its query and key read the constant dimension
   alone, so after the per-head RMS norm they are the same vector for every token, and RoPE turns their product into
-  a function of the distance between the tokens: a recency window of about 10-20 tokens (the rotary pairs of
-  :data:`WINDOW_THETA`). Its values read the token dimensions, so the head outputs a recency-weighted mean of the
-  recent tokens' vectors, which its output projection writes into the context dimensions;
+  a function of the distance between the tokens: a recency window (the rotary pairs of :attr:`Regime.window`). Its
+  values read the token dimensions, so the head outputs a recency-weighted mean of the recent tokens' vectors, which
+  its output projection writes into the context dimensions;
 - one bank of ``d_new`` dimensions per layer ``l < n_layer - 1``, written by layer ``l``'s experts (their down
   projections' random rows) and read by layer ``l + 1``'s router only;
 - every other writer of the residual stream (the other attention heads and layers, the rest of the experts' down
@@ -44,14 +44,42 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-# depth (layer / (n_layer - 1)) -> (aP, aC): fitted to the per-layer coverage and overlap of the 64-expert MoE made
-# from SmolLM2-135M (pyllama_moe.tools.moefy) on the routing report's standard-library text
-KNOTS: tuple[tuple[float, float, float], ...] = (
-    (0.0, 0.75, 1.5), (0.45, 1.25, 1.8), (0.5, 2.5, 2.4), (0.7, 3.7, 3.0), (0.85, 5.5, 3.8), (1.0, 8.5, 6.0))
+
+@dataclass(frozen=True)
+class Regime:
+    """The constants of one calibrated regime: the strengths of the terms of the logit above, nothing else (the
+    weights' structure and the compute are the same in every regime)."""
+
+    name: str
+    # depth (layer / (n_layer - 1)) -> (aP, aC), interpolated linearly between the knots
+    knots: tuple[tuple[float, float, float], ...]
+    a_new: float  # the weight of what the previous layer's experts add (sets the next-layer recall)
+    window: tuple[float, float]  # rotary frequencies (radians per token) of the recency head: its window's length
+
+    def strengths(self, il: int, n_layer: int) -> tuple[float, float]:
+        """``(aP, aC)`` of layer ``il``."""
+        x = il / max(1, n_layer - 1)
+        k = np.array(self.knots)
+        return float(np.interp(x, k[:, 0], k[:, 1])), float(np.interp(x, k[:, 0], k[:, 2]))
+
+    def logit_std(self, il: int, n_layer: int) -> float:
+        """The standard deviation of layer ``il``'s router logits over experts and tokens."""
+        a_pop, a_ctx = self.strengths(il, n_layer)
+        return math.sqrt(a_pop**2 + 1.0 + a_ctx**2 + (self.a_new**2 if il else 0.0))
+
+
+# Fitted on the routing report's standard-library text at the 30b-a3b expert topology (48 layers, 8 of 128) to the
+# published figures of the models each regime stands for (docs/routing.md has them with their sources).
+REGIMES: dict[str, Regime] = {
+    # Qwen3-30B-A3B: MoE in every layer, no shared expert, the most consistent routing from token to token
+    "realistic": Regime("realistic", ((0.0, 0.338, 0.825), (0.45, 0.562, 0.99), (0.5, 1.125, 1.32),
+                                      (0.7, 1.665, 1.65), (0.85, 2.475, 2.09), (1.0, 3.825, 3.3)), 0.3,
+                        (0.0125, 0.034)),
+    # Mixtral-8x7B, Qwen2-57B-A14B and the shared-expert models: routing spread wide and changing from token to token
+    "dispersed": Regime("dispersed", ((0.0, 0.0, 1.25), (1.0, 0.0, 1.25)), 0.35, (0.1, 0.3)),
+}
 C_MAG = 0.5  # the constant dimension of every token embedding
 T_MAG = 0.5  # the norm of a token's vector in the token dimensions
-A_NEW = 1.4  # the weight of what the previous layer's experts add (the routing report's next-layer recall)
-WINDOW_THETA = (0.0125, 0.034)  # rotary frequencies (radians per token) of the recency head: a window of ~15 tokens
 
 
 @dataclass(frozen=True)
@@ -95,28 +123,22 @@ def _theta(head_dim: int, rope_freq_base: float) -> npt.NDArray[np.float64]:
     return np.asarray(rope_freq_base ** (-2.0 * np.arange(head_dim // 2) / head_dim), dtype=np.float64)
 
 
-def layout(n_embd: int, head_dim: int, n_expert: int, n_layer: int, rope_freq_base: float) -> Layout:
+def layout(n_embd: int, head_dim: int, n_expert: int, n_layer: int, rope_freq_base: float,
+           window: tuple[float, float] = REGIMES["realistic"].window) -> Layout:
     """The subspace of a shape; ValueError where the shape has no room for it (it takes at most 3/4 of the width,
     with banks of 8 dimensions where they fit, else of 4, 2 or 1)."""
-    d_tok = max(head_dim, min(2 * n_expert, n_embd // 8))
+    d_tok = max(head_dim, min(2 * n_expert, n_embd // 4))
     n_bank = n_layer - 1
     theta = _theta(head_dim, rope_freq_base)
-    pairs = tuple(int(p) for p in np.flatnonzero((theta >= WINDOW_THETA[0]) & (theta <= WINDOW_THETA[1])))
+    pairs = tuple(int(p) for p in np.flatnonzero((theta >= window[0]) & (theta <= window[1])))
     if not pairs:  # a shape whose frequencies skip the window: the nearest one
-        pairs = (int(np.argmin(np.abs(np.log(theta / math.sqrt(WINDOW_THETA[0] * WINDOW_THETA[1]))))),)
+        pairs = (int(np.argmin(np.abs(np.log(theta / math.sqrt(window[0] * window[1]))))),)
     for d_new in (8, 4, 2, 1):
         lay = Layout(n_embd, head_dim, d_tok, head_dim, pairs, n_bank, d_new)
         if 4 * lay.size <= 3 * n_embd:
             return lay
-    raise ValueError(f"realistic routing needs n_embd >= {-(-4 * lay.size // 3)} for head_dim {head_dim}, "
+    raise ValueError(f"calibrated routing needs n_embd >= {-(-4 * lay.size // 3)} for head_dim {head_dim}, "
                      f"{n_expert} experts and {n_layer} layers, got {n_embd}")
-
-
-def strengths(il: int, n_layer: int) -> tuple[float, float]:
-    """``(aP, aC)`` of layer ``il``."""
-    x = il / max(1, n_layer - 1)
-    k = np.array(KNOTS)
-    return float(np.interp(x, k[:, 0], k[:, 1])), float(np.interp(x, k[:, 0], k[:, 2]))
 
 
 def recency_query(lay: Layout) -> npt.NDArray[np.float32]:
@@ -161,6 +183,7 @@ class Routing:
     rms: tuple[float, ...]  # predicted RMS of the residual at each layer's router input (scales the logits)
     new: tuple[float, ...]  # predicted norm of what each layer's experts write into their bank
     rng: Callable[[str, int], np.random.Generator]
+    regime: Regime
 
     def token_vectors(self, tokens: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """``[len(tokens), d_tok]``: each token's unit vector times ``T_MAG``."""
@@ -186,7 +209,7 @@ class Routing:
     def router(self, il: int, n_expert: int) -> npt.NDArray[np.float32]:
         """``[n_expert, n_embd]``: layer ``il``'s router, zero outside the subspace."""
         lay = self.lay
-        a_pop, a_ctx = strengths(il, self.n_layer)
+        a_pop, a_ctx = self.regime.strengths(il, self.n_layer)
         rng = self.rng(f"pyllama_moe.synth.router.{il}", 0)
         pop = rng.standard_normal(n_expert)
         w = np.zeros((n_expert, lay.n_embd), dtype=np.float64)
@@ -196,12 +219,7 @@ class Routing:
         ctx = T_MAG / self.rho0 * context_norm(lay, self.rope_freq_base)
         w[:, lay.ctx] = a_ctx * rng.standard_normal((n_expert, lay.d_ctx)) / ctx
         if il:
-            w[:, lay.bank(il - 1)] = A_NEW * rng.standard_normal((n_expert, lay.d_new)) / self.new[il - 1]
+            w[:, lay.bank(il - 1)] = self.regime.a_new * rng.standard_normal((n_expert, lay.d_new)) / self.new[il - 1]
         # the router reads the residual divided by its RMS at this layer: scaled back, the logits are z as above
         return (w * self.rms[il]).astype(np.float32)
 
-
-def logit_std(il: int, n_layer: int) -> float:
-    """The standard deviation of layer ``il``'s router logits over experts and tokens."""
-    a_pop, a_ctx = strengths(il, n_layer)
-    return math.sqrt(a_pop**2 + 1.0 + a_ctx**2 + (A_NEW**2 if il else 0.0))

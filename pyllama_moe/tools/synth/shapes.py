@@ -67,8 +67,9 @@ GGML_TYPES: dict[str, GGMLType] = {
 EXPERT_TYPES: tuple[str, ...] = ("q4_0", "q8_0", "f16", "f32")
 DENSE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0", "q4_0")
 SCALE_SIGNS: tuple[str, ...] = ("auto", "positive", "random")
-# collapsed: positive scales (today's default); uniform: random signs; realistic: pyllama_moe.tools.synth.routing
-ROUTINGS: tuple[str, ...] = ("auto", "collapsed", "uniform", "realistic")
+# collapsed: positive scales (today's default); uniform: random signs; realistic and dispersed: calibrated regimes
+# (pyllama_moe.tools.synth.routing)
+ROUTINGS: tuple[str, ...] = ("auto", "collapsed", "uniform", *synth_routing.REGIMES)
 
 
 def _ggml_type(name: str, param: str, allowed: Sequence[str]) -> GGMLType:
@@ -267,7 +268,7 @@ class Plan:
     skew: float
     tensors: tuple[TensorPlan, ...]
     scale_signs: str = "random"
-    routing: str = ""  # "realistic", or "" (the routing follows from skew and scale_signs)
+    routing: str = ""  # a calibrated regime (synth_routing.REGIMES), or "" (the routing follows from skew and signs)
 
     @property
     def tensor_bytes(self) -> int:
@@ -299,8 +300,9 @@ class Plan:
 
 
 def regime_of(routing: str, skew: float, scale_signs: str) -> str:
-    """A model's routing regime: ``realistic`` (``routing``), else ``skew``, ``collapsed`` (positive scales) or
-    ``uniform``, as ``skew`` and ``scale_signs`` say (also for files written before the ``routing`` key)."""
+    """A model's routing regime: a calibrated one (``routing``: ``realistic``, ``dispersed``), else ``skew``,
+    ``collapsed`` (positive scales) or ``uniform``, as ``skew`` and ``scale_signs`` say (also for files written before
+    the ``routing`` key)."""
     if routing:
         return routing
     if skew > 0:
@@ -331,8 +333,8 @@ def plan(
     Writes nothing. ``n_vocab`` defaults to the token count of ``vocab_path`` if given, else to the
     qwen2 vocabulary's 151936. ``scale_signs`` is ``positive``, ``random`` or ``auto`` (positive
     without skew, random with it; see the module docstring). ``routing`` is ``collapsed`` (positive
-    scales), ``uniform`` (random ones), ``realistic`` (:mod:`pyllama_moe.tools.synth.routing`; qwen3moe only,
-    random scales) or ``auto`` (as ``scale_signs`` and ``skew`` say).
+    scales), ``uniform`` (random ones), ``realistic`` or ``dispersed`` (:mod:`pyllama_moe.tools.synth.routing`;
+    qwen3moe only, random scales) or ``auto`` (as ``scale_signs`` and ``skew`` say).
     """
     shape = resolve_shape(preset, arch, **shape_overrides)
     etype = _ggml_type(expert_type, "expert_type", EXPERT_TYPES)
@@ -348,14 +350,15 @@ def plan(
     scale_signs = _routing_signs(routing, scale_signs, skew, shape)
     if scale_signs == "auto":
         scale_signs = "random" if skew > 0 else "positive"
-    realistic = routing == "realistic"
+    routed = routing in synth_routing.REGIMES
     tensors = tuple(_tensor_list(shape, etype, dtype, n_vocab, skew > 0))
-    if realistic:
-        synth_routing.layout(shape.n_embd, shape.head_dim, shape.n_expert, shape.n_layer, shape.rope_freq_base)
-        tensors = tuple(dataclasses.replace(t, init="realistic") if _realistic_tensor(t.name) else t for t in tensors)
+    if routed:
+        synth_routing.layout(shape.n_embd, shape.head_dim, shape.n_expert, shape.n_layer, shape.rope_freq_base,
+                             synth_routing.REGIMES[routing].window)
+        tensors = tuple(dataclasses.replace(t, init="routed") if _routed_tensor(t.name) else t for t in tensors)
     if scale_signs == "positive":
         tensors = tuple(dataclasses.replace(t, signed=False) for t in tensors)
-    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs, "realistic" if realistic else "")
+    return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs, routing if routed else "")
 
 
 def _routing_signs(routing: str, scale_signs: str, skew: float, shape: Shape) -> str:
@@ -369,13 +372,13 @@ def _routing_signs(routing: str, scale_signs: str, skew: float, shape: Shape) ->
     want = "positive" if routing == "collapsed" else "random"
     if scale_signs not in ("auto", want):
         raise ValueError(f"routing={routing!r} needs scale_signs={want!r}, got {scale_signs!r}")
-    if routing == "realistic" and shape.arch != ARCH_QWEN3MOE:
-        raise ValueError(f"routing='realistic' needs the {ARCH_QWEN3MOE} arch, got {shape.arch}")
+    if routing in synth_routing.REGIMES and shape.arch != ARCH_QWEN3MOE:
+        raise ValueError(f"routing={routing!r} needs the {ARCH_QWEN3MOE} arch, got {shape.arch}")
     return want
 
 
-def _realistic_tensor(name: str) -> bool:
-    """Whether the realistic routing writes (part of) tensor ``name`` (its router aside)."""
+def _routed_tensor(name: str) -> bool:
+    """Whether a calibrated routing regime writes (part of) tensor ``name`` (its router aside)."""
     recency_head = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
     return name == "token_embd.weight" or name in recency_head or name.endswith((".attn_output.weight",
                                                                                 ".ffn_down_exps.weight"))

@@ -197,27 +197,29 @@ def _prepare_skew(p: Plan, seed: int) -> _Skew | None:
 
 
 # --------------------------------------------------------------------------------------------
-# realistic routing (pyllama_moe.tools.synth.routing)
+# the calibrated routing regimes (pyllama_moe.tools.synth.routing)
 
 
 def _prepare_routing(p: Plan, seed: int) -> synth_routing.Routing | None:
-    """The realistic routing's data of plan ``p`` (None for the other regimes)."""
-    if p.routing != "realistic":
+    """The routing data of plan ``p`` in a calibrated regime (None for the other regimes)."""
+    if p.routing not in synth_routing.REGIMES:
         return None
+    regime = synth_routing.REGIMES[p.routing]
     s = p.shape
-    lay = synth_routing.layout(s.n_embd, s.head_dim, s.n_expert, s.n_layer, s.rope_freq_base)
+    lay = synth_routing.layout(s.n_embd, s.head_dim, s.n_expert, s.n_layer, s.rope_freq_base, regime.window)
     # the embedding: DENSE_STD noise outside the subspace, the constant and a token vector in it
     rho0 = math.sqrt((DENSE_STD**2 * lay.c + synth_routing.C_MAG**2 + synth_routing.T_MAG**2) / s.n_embd)
     rms = tuple(math.sqrt(r * r - DENSE_STD**2 + rho0**2) for r in _residual_rms(s))
     # what a layer's experts write into each dimension of its bank, with this layer's (not random) router logits
-    new = tuple(math.sqrt(lay.d_new * _moe_mean_square(s, _topk_weight_sq(s, synth_routing.logit_std(il, s.n_layer))))
+    new = tuple(math.sqrt(lay.d_new * _moe_mean_square(s, _topk_weight_sq(s, regime.logit_std(il, s.n_layer))))
                 for il in range(s.n_layer))
-    return synth_routing.Routing(lay, s.n_layer, s.rope_freq_base, rho0, rms, new, functools.partial(_rng, seed))
+    return synth_routing.Routing(lay, s.n_layer, s.rope_freq_base, rho0, rms, new, functools.partial(_rng, seed),
+                                 regime)
 
 
-def _realistic_chunk(t: TensorPlan, seed: int, chunk: int, r: synth_routing.Routing) -> npt.NDArray[Any]:
-    """Chunk ``chunk`` of a tensor that the realistic routing writes: the random chunk with the subspace's rows and
-    columns replaced (see :mod:`pyllama_moe.tools.synth.routing`)."""
+def _routed_chunk(t: TensorPlan, seed: int, chunk: int, r: synth_routing.Routing) -> npt.NDArray[Any]:
+    """Chunk ``chunk`` of a tensor that a calibrated routing regime writes: the random chunk with the subspace's rows
+    and columns replaced (see :mod:`pyllama_moe.tools.synth.routing`)."""
     out = _normal_chunk(t, seed, chunk)
     lay, n_row = r.lay, t.shape[0]
     if t.name.endswith(".ffn_down_exps.weight"):  # the subspace's rows zero but for the layer's bank

@@ -24,7 +24,7 @@ from pyllama_moe.tools.synth.weights import (
     _normal_chunk,
     _prepare_routing,
     _prepare_skew,
-    _realistic_chunk,
+    _routed_chunk,
     _Skew,
     _special_values,
 )
@@ -109,10 +109,10 @@ def _jobs(p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing
             yield i, functools.partial(np.ones, t.n_elements, dtype="<f4")
         elif t.init in ("router", "vbias"):
             yield i, functools.partial(_special_values, t, seed, skew, routing)
-        elif t.init == "realistic":
+        elif t.init == "routed":
             assert routing is not None
             for c in range(_chunk_count(t)):
-                yield i, functools.partial(_realistic_chunk, t, seed, c, routing)
+                yield i, functools.partial(_routed_chunk, t, seed, c, routing)
         else:
             for c in range(_chunk_count(t)):
                 yield i, functools.partial(_normal_chunk, t, seed, c)
@@ -178,8 +178,8 @@ def write_model(
     ``f32``), ``dense_type`` that of attention, embedding and output. ``vocab_path`` is the
     vocab-only GGUF whose ``tokenizer.*`` keys are copied (default :func:`default_vocab_path`).
     ``skew`` skews the routing and ``scale_signs`` sets the signs of the quantized blocks' scales
-    (see the module docstring); ``routing`` picks a regime: ``collapsed``, ``uniform`` or ``realistic``
-    (see :func:`plan`); ``seed`` makes everything reproducible. The file is written to a temporary name
+    (see the module docstring); ``routing`` picks a regime: ``collapsed``, ``uniform``, ``realistic`` or
+    ``dispersed`` (see :func:`plan`); ``seed`` makes everything reproducible. The file is written to a temporary name
     beside ``path`` and renamed at the end. Bad arguments
     raise ValueError naming the parameter.
     """

@@ -1,0 +1,73 @@
+"""The calibrated routing regimes of synth (#39): each reproduces, at a reduced width with the 30b-a3b expert topology
+(48 layers, 8 of 128 experts), the figures of the family it stands for (pyllama_moe.tools.routing_refs) and those of
+its full-shape model, and the comparison the routing report prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyllama_moe.tools import routing, routing_refs
+
+# the routing report of the full-shape models (30b-a3b, 4096 tokens of the default text), docs/routing.md
+FULL_SHAPE: dict[str, dict[str, float]] = {
+    "realistic": {"lru 10%": 0.559, "lru 25%": 0.841, "lru 50%": 0.951, "lru 80%": 0.993, "overlap": 0.441,
+                  "cover90": 0.483, "recall_k": 0.861},
+    "dispersed": {"lru 25%": 0.347, "lru 50%": 0.622, "lru 80%": 0.890, "recall_k": 0.767},
+}
+# the full-shape figure that sits outside its family's band, and by how much at most (docs/routing.md says why)
+OUTSIDE = {("dispersed", "lru 80%"): 0.012}
+
+
+def fake_report(figures: dict[str, float]) -> dict[str, Any]:
+    lru = {k.split()[1]: v for k, v in figures.items() if k.startswith("lru")}
+    return {"overall": {"lru": lru, **{k: v for k, v in figures.items() if not k.startswith("lru")}}}
+
+
+def test_compare_puts_each_figure_beside_its_band() -> None:
+    rep = fake_report({"lru 10%": 0.5, "lru 25%": 0.83, "lru 50%": 0.95, "lru 80%": 0.99, "overlap": 0.45,
+                       "cover90": 0.48})
+    rows = {b.measure: (b, v) for b, v in routing_refs.compare(rep, "realistic")}
+    assert rows["lru 25%"][1] == 0.83 and rows["lru 25%"][0].holds(0.83)
+    assert not rows["lru 10%"][0].holds(0.5)
+    assert rows["recall_k"][1] is None  # the report has no router: no recall
+    text = routing_refs.format_compare(rep, ("realistic",))
+    assert "| lru 10% | 55.0% - 60.0% | 50.0% | NO | liang, imp |" in text
+    assert "| recall_k | 84.0% - 90.0% | - | - |" in text
+    assert "- liang: Liang et al." in text and "fate" in text
+    # every band names sources the table has, and lies in [0, 1]
+    for _, bands in routing_refs.REFERENCES.values():
+        for b in bands:
+            assert set(b.sources) <= set(routing_refs.SOURCES) and 0 <= b.low < b.high <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("regime", sorted(FULL_SHAPE))
+def test_regime_reproduces_its_family_at_a_reduced_width(regime: str, tmp_path: Path) -> None:
+    """NATIVE: 4096 tokens of the default text through a model of width 1024 (its routing subspace as wide as the
+    full shape's): every figure within 2 points of the full-shape model's, and in its family's band (2 points of
+    slack for the reduced width, more where the full shape itself is outside)."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe.llama import Llama
+    from pyllama_moe.tools import synth
+
+    path = synth.write_model(tmp_path / f"{regime}.gguf", "30b-a3b", routing=regime, n_embd=1024, n_head=8,
+                             n_head_kv=2, n_ff_exp=32, threads=2)
+    with Llama(str(path), vocab_only=True, verbose=False) as tok:
+        tokens = tok.tokenize(routing.stdlib_text().encode(), add_bos=True)[:4096]
+    rec = routing.record(path, tokens, threads=2)
+    overall: dict[str, Any] = {"lru": {f"{int(f * 100)}%": routing.lru_hit_rate(rec, f)
+                                       for f in routing.CACHE_FRACTIONS}}
+    overall["cover90"] = sum(routing.coverage(rec.topk[il], rec.n_expert, 0.9) for il in rec.layers) / len(rec.layers)
+    overall["overlap"] = sum(routing.consecutive_overlap(rec.topk[il]) for il in rec.layers) / len(rec.layers)
+    recall = routing.prediction_recall(rec, routing.router_weights(path))
+    overall["recall_k"] = sum(r[0] for r in recall.values()) / len(recall)
+    got = routing_refs.figures({"overall": overall})
+    for measure, full in FULL_SHAPE[regime].items():
+        assert abs(got[measure] - full) <= 0.02, (measure, got[measure], full)
+    for band, value in routing_refs.compare({"overall": overall}, regime):
+        assert value is not None
+        slack = 0.02 + OUTSIDE.get((regime, band.measure), 0.0)
+        assert band.low - slack <= value <= band.high + slack, (band, value)
