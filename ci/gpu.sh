@@ -14,7 +14,8 @@
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
 #   ci/gpu.sh bench-predict [args] the bench with LLAMA_MOE_CACHE_PREDICT unset and =1: all on the GPU and caches of
 #                                  25 / 50 / 80% of the experts, decode figures with the misses predicted
-# The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), collapsed or uniform;
+# The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), dispersed, uniform or
+# collapsed;
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
 # PYLLAMA_MOE_NO_BUILD=1 skips the build: the other modes then use what $PYTHON has installed (e.g. that venv).
 # Needs no network: the build uses the installed scikit-build-core and cffi.
@@ -90,7 +91,7 @@ wheel() {
 
 pristine() {
     # upstream's own llama-bench and llama-batched-bench: the pinned tree without our patches (the vendored
-    # repository's upstream tag), built as ../shared/reference/baseline-h200.md says, for bench --pristine
+    # repository's upstream tag), built as upstream documents a CUDA build (Release, GGML_NATIVE), for bench --pristine
     local out=${PYLLAMA_MOE_PRISTINE_BUILD:-/tmp/pristine}
     "$PY" scripts/vendor.py apply
     rm -rf "$out/src" && mkdir -p "$out/src"
@@ -135,6 +136,11 @@ bench() {  # the bench writes the models itself where they are absent
     echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
 }
 
+bench_predict() {  # the bench with the prediction of the next layer's experts unset (off) and on
+    bench --setups gpu,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=1 --pp 512 --ub 512 --tg 128 \
+        --no-native "$@"
+}
+
 tests() {  # the GPU-marked tests, with the arguments for pytest
     local start
     start=$(date +%s)
@@ -149,7 +155,6 @@ case "${1:-}" in
     models)   build; models ;;
     sanitize) build; sanitize ;;
     bench)    shift; build; bench "$@" ;;
-    bench-predict) shift; build; bench --setups gpu,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=1 \
-                       --pp 512 --ub 512 --tg 128 --no-native "$@" ;;
+    bench-predict) shift; build; bench_predict "$@" ;;
     *)        build; tests "$@" ;;
 esac

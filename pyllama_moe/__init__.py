@@ -23,7 +23,7 @@ __version__ = _version()
 
 __all__ = [
     "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaDiskCache", "LlamaError", "LlamaGrammar",
-    "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError",
+    "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError", "MoeCacheStats",
     "StoppingCriteriaList", "__version__", "bin_file", "data_file",
 ]
 
@@ -31,7 +31,8 @@ __all__ = [
 # loads no native code)
 _LAZY = {
     "Llama": "pyllama_moe.llama",
-    "LlamaGrammar": "pyllama_moe.sampler",
+    "LlamaGrammar": "pyllama_moe.grammar",
+    "MoeCacheStats": "pyllama_moe.moe",
     "LlamaState": "pyllama_moe.llama_types",
     "LogitsProcessorList": "pyllama_moe.llama_types",
     "StoppingCriteriaList": "pyllama_moe.llama_types",

@@ -29,9 +29,9 @@ def _info(_: argparse.Namespace) -> int:
 def _rpc_server(args: argparse.Namespace) -> int:
     import os
 
-    from pyllama_moe import backend
+    from pyllama_moe import rpc
 
-    backend.serve_rpc(f"{args.host}:{args.port}", args.threads or os.cpu_count() or 1, args.device, args.cache)
+    rpc.serve_rpc(f"{args.host}:{args.port}", args.threads or os.cpu_count() or 1, args.device, args.cache)
     return 0
 
 

@@ -237,7 +237,7 @@ class Completion:
         if req.max_tokens <= 0:
             return
         vocab = session.vocab
-        sampler = Sampler(vocab.ptr, session.n_vocab, req.sampling)
+        sampler = Sampler(vocab, req.sampling)
         try:
             steps = session.generate(sampler, want_logits=self.lp is not None, logits_processor=req.logits_processor,
                                      stopping_criteria=req.stopping_criteria, draft_model=req.draft_model)

@@ -105,29 +105,29 @@ class Context:
         return np.frombuffer(ffi.buffer(p, 4 * self.n_embd), dtype=np.float32).copy()
 
     # memory (the KV cache): llama_memory_*
-    def memory_clear(self, data: bool = True) -> None:
+    @property
+    def memory(self) -> Any:
+        """The context's ``llama_memory_t`` (owned by the context): raises once the context is closed."""
         self.ptr  # noqa: B018 - raises once closed
-        lib.llama_memory_clear(self._mem, data)
+        return self._mem
+
+    def memory_clear(self, data: bool = True) -> None:
+        lib.llama_memory_clear(self.memory, data)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
-        self.ptr  # noqa: B018
-        return bool(lib.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+        return bool(lib.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        self.ptr  # noqa: B018
-        lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        lib.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
-        self.ptr  # noqa: B018
-        lib.llama_memory_seq_keep(self._mem, seq_id)
+        lib.llama_memory_seq_keep(self.memory, seq_id)
 
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        self.ptr  # noqa: B018
-        lib.llama_memory_seq_add(self._mem, seq_id, p0, p1, delta)
+        lib.llama_memory_seq_add(self.memory, seq_id, p0, p1, delta)
 
     def seq_pos_max(self, seq_id: int = 0) -> int:
-        self.ptr  # noqa: B018
-        return int(lib.llama_memory_seq_pos_max(self._mem, seq_id))
+        return int(lib.llama_memory_seq_pos_max(self.memory, seq_id))
 
     # state
     def state_get(self) -> bytes:

@@ -47,6 +47,18 @@ class ClosedError(LlamaError):
     """An object was used after ``close()``."""
 
 
+class GrammarError(ValueError):
+    """A grammar does not parse, or would crash llama.cpp's parser (a ValueError naming ``grammar``)."""
+
+
+class SchemaError(ValueError):
+    """A JSON schema uses something :func:`pyllama_moe.json_schema.json_schema_to_gbnf` cannot express."""
+
+
+class ChatFormatNotFoundError(ValueError):
+    """No chat format or handler is registered under that name."""
+
+
 class DecodeStatus(IntEnum):
     """llama.h: the return values of ``llama_decode`` (any other negative value is a fatal error)."""
 

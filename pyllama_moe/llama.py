@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from pyllama_moe import backend, moe
+from pyllama_moe import backend, moe, rpc
 from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import Completion, make_request
@@ -162,7 +162,7 @@ class Llama:
         backend.init()
         backend.numa_init(numa)
         if rpc_servers:
-            backend.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
+            rpc.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
         self.model_path = model_path_str(model_path)
         self.tensor_split, self.kv_overrides = tensor_split, kv_overrides
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
@@ -173,7 +173,7 @@ class Llama:
         self.cache: Any = None
 
         self.model_params = self._model_params(locals())
-        devices = backend.model_devices(rpc_servers)
+        devices = rpc.model_devices(rpc_servers)
         if devices is not None:
             self.model_params.set_devices(devices)
         # checked before they are combined, so that a wrong type is named
@@ -376,10 +376,12 @@ class Llama:
         return self._ctx.n_ctx()
 
     @_open
-    def moe_cache_stats(self) -> dict[str, dict[str, float]] | None:
-        """The MoE cache's counts since the context was created, None if it has no cache.
+    def moe_cache_stats(self) -> moe.MoeCacheStats | None:
+        """The MoE cache's counts since the context was created (a frozen :class:`moe.MoeCacheStats`: ``b - a`` is what
+        happened between two readings, ``.hits("device")`` the hits and misses of lookup paths, ``.as_dict()`` the
+        groups below for JSON, and ``stats["device"]["hits"]`` reads a group of it), None if it has no cache.
 
-        ``moe.MoeCacheStats.as_dict()``: experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per
+        The groups: experts found (``hits``) and uploaded (``misses``, ``bytes_uploaded``) per
         MoE layer and ubatch, by lookup path: ``small`` and ``large`` (host lookups, ubatches of up to 8 tokens
         and larger ones), ``device`` (looked up on the GPU, decode); ``copied``: experts that large
         ubatches read from the cache instead of host memory; ``prefetch``: the
@@ -391,10 +393,8 @@ class Llama:
         ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=1``): the experts the device lookups prefetched for the next
         layer's predicted routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in
         ``device`` hits) and those evicted unused (``wasted``).
-        ``moe.MoeCacheStats.from_dict`` reads it back; subtracting two gives what happened between them.
         """
-        stats = self._ctx.moe_cache_stats()
-        return None if stats is None else stats.as_dict()
+        return self._ctx.moe_cache_stats()
 
     @_open
     def n_embd(self) -> int:
@@ -475,12 +475,12 @@ class Llama:
             # an output the last decode kept: every evaluated position with logits_all, else the last one
             check_int("idx", idx, 0 if self._logits_all else self.n_tokens - 1, self.n_tokens - 1)
         params = self._sampling(locals())
-        sampler = self._sampler or Sampler(self._vocab.ptr, self._n_vocab, params)
+        sampler = self._sampler or Sampler(self._vocab, params)
         try:
             ridx = idx - self.n_tokens if idx is not None else -1
             if logits_processor is not None:
                 return sampler.sample_logits(logits_processor(self._input_ids, self._ctx.logits_ith(ridx)))
-            return int(sampler.sample(self._ctx.ptr, ridx))
+            return int(sampler.sample(self._ctx, ridx))
         finally:
             if sampler is not self._sampler:
                 sampler.close()
@@ -495,7 +495,7 @@ class Llama:
         """Yield sampled tokens after ``tokens`` forever (the caller stops)."""
         params = self._sampling(locals())
         self._session.prepare(tokens, reset)
-        steps = self._generate(Sampler(self._vocab.ptr, self._n_vocab, params), logits_processor, stopping_criteria)
+        steps = self._generate(Sampler(self._vocab, params), logits_processor, stopping_criteria)
         return self._stream(steps)
 
     def _generate(self, sampler: Sampler, logits_processor: Any,

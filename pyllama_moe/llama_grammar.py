@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pyllama_moe.chat.grammar import JSON_GBNF, json_schema_to_gbnf
-from pyllama_moe.sampler import LlamaGrammar
+from pyllama_moe.grammar import LlamaGrammar
+from pyllama_moe.json_schema import JSON_GBNF, json_schema_to_gbnf
 
 LLAMA_GRAMMAR_DEFAULT_ROOT = "root"
 

@@ -207,11 +207,6 @@ def cache_total(left: list[int], share: list[float]) -> int:
     return int(max(0.0, min(caps))) if caps else 0
 
 
-def block_count(path: bytes) -> int:
-    """The GGUF's ``{architecture}.block_count``."""
-    return GGUFInfo.read(path).require_block_count()
-
-
 def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mib: int | list[int] | None,
                    verbose: bool) -> int:
     """``fit=True`` with ``moe_cache_mib="auto"``: the placement and the size of the MoE cache, in bytes.
@@ -323,8 +318,8 @@ _GROUPS = {
 class MoeCacheStats:
     """``struct llama_moe_cache_stats`` field by field: the MoE cache's counts since the context was made.
 
-    ``as_dict()`` is ``Llama.moe_cache_stats()``'s shape, ``from_dict`` reads it back, and ``b - a`` is what
-    happened between two readings."""
+    What ``Llama.moe_cache_stats()`` returns: ``b - a`` is what happened between two readings, ``as_dict()`` the
+    groups as JSON (``from_dict`` reads them back), and ``stats[group]`` one group of it."""
 
     hits_small: int = 0
     misses_small: int = 0
@@ -368,6 +363,10 @@ class MoeCacheStats:
     def __sub__(self, other: MoeCacheStats) -> MoeCacheStats:
         return MoeCacheStats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
                                 for f in dataclasses.fields(self)})
+
+    def __getitem__(self, group: str) -> dict[str, float]:
+        """One group of :meth:`as_dict` (``stats["device"]["hits"]``)."""
+        return self.as_dict()[group]
 
     def hits(self, *paths: str) -> tuple[int, int]:
         """Hits and misses summed over lookup paths (``small``, ``large``, ``device``)."""

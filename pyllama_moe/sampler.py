@@ -10,115 +10,21 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pyllama_moe.errors import LlamaError, check_closed, check_ptr, check_true, native_mark
+from pyllama_moe.errors import GrammarError, LlamaError, check_closed, check_ptr, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.grammar import check_grammar, grammar_text
 from pyllama_moe.params import check_float, check_int
+
+if TYPE_CHECKING:
+    from pyllama_moe.context import Context
+    from pyllama_moe.vocab import Vocab
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-
-class LlamaGrammar:
-    """A GBNF grammar (llama-cpp-python's ``LlamaGrammar``); ``grammar=`` also takes the text itself."""
-
-    def __init__(self, *args: Any, _grammar: str, root: str = "root", **kwargs: Any) -> None:
-        self._grammar = _grammar
-        self._root = root
-
-    @classmethod
-    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
-        return cls(_grammar=grammar)
-
-    @classmethod
-    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> LlamaGrammar:
-        """The grammar of a JSON schema (given as JSON text); see pyllama_moe.chat.grammar."""
-        from pyllama_moe.chat.grammar import SchemaError, json_schema_to_gbnf
-
-        try:
-            return cls(_grammar=json_schema_to_gbnf(json_schema))
-        except SchemaError as e:
-            raise ValueError(f"json_schema: {e}") from e
-
-    @classmethod
-    def from_file(cls, file: str | os.PathLike[str], verbose: bool = True) -> LlamaGrammar:
-        with open(file, encoding="utf-8") as f:
-            return cls(_grammar=f.read())
-
-
-# what llama_sampler_init_grammar is given: its recursive parser overflows the stack on deep nesting (20k
-# parentheses), and a long grammar takes minutes to parse and to apply
-GRAMMAR_MAX_DEPTH = 1000
-GRAMMAR_MAX_BYTES = 1 << 20
-_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "^": "^"}
-
-
-def _grammar_char(text: str, i: int) -> tuple[str, int]:
-    """The character at text[i] of a GBNF literal or character class, escapes decoded, and the index after it."""
-    c = text[i]
-    if c != "\\" or i + 1 >= len(text):
-        return c, i + 1
-    e = text[i + 1]
-    width = {"x": 2, "u": 4, "U": 8}.get(e)
-    if width is not None:
-        digits = text[i + 2:i + 2 + width]
-        try:
-            return chr(int(digits, 16)), i + 2 + width
-        except ValueError:
-            raise _GrammarError(f"grammar: bad escape \\{e}{digits} at {i}") from None
-    return _ESCAPES.get(e, e), i + 2
-
-
-def check_grammar(text: str) -> None:
-    """ValueError before llama.cpp parses a grammar that would crash it or can match nothing: nested deeper than
-    GRAMMAR_MAX_DEPTH, longer than GRAMMAR_MAX_BYTES, or with an empty character range (``[z-a]``)."""
-    if len(text.encode("utf-8", errors="surrogatepass")) > GRAMMAR_MAX_BYTES:
-        raise _GrammarError(f"grammar: longer than {GRAMMAR_MAX_BYTES} bytes")
-    depth, i, n = 0, 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "#":  # a comment, to the end of the line
-            while i < n and text[i] not in "\r\n":
-                i += 1
-        elif c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i = _grammar_char(text, i)[1]
-            i += 1
-        elif c == "[":
-            i += 1
-            if i < n and text[i] == "^":
-                i += 1
-            while i < n and text[i] != "]":
-                lo, i = _grammar_char(text, i)
-                if i + 1 < n and text[i] == "-" and text[i + 1] != "]":
-                    hi, i = _grammar_char(text, i + 1)
-                    if ord(lo) > ord(hi):
-                        raise _GrammarError(f"grammar: the character range [{lo}-{hi}] is empty, it matches nothing")
-            i += 1
-        else:
-            if c == "(":
-                depth += 1
-                if depth > GRAMMAR_MAX_DEPTH:
-                    raise _GrammarError(f"grammar: nested more than {GRAMMAR_MAX_DEPTH} levels deep")
-            elif c == ")":
-                depth -= 1
-            i += 1
-
-
-def grammar_text(grammar: Any) -> tuple[str, str] | None:
-    """(text, root rule) of a ``grammar=`` argument: a GBNF string or a LlamaGrammar-like object."""
-    if grammar is None:
-        return None
-    if isinstance(grammar, str):
-        return grammar, "root"
-    text = getattr(grammar, "_grammar", None)
-    if isinstance(text, str):
-        return text, getattr(grammar, "_root", "root") or "root"
-    raise ValueError(f"grammar must be a GBNF string or a LlamaGrammar, got {grammar!r}")
 
 
 @dataclass(frozen=True)
@@ -162,9 +68,11 @@ class SamplingParams:
 
 
 class Sampler:
-    def __init__(self, vocab_ptr: Any, n_vocab: int, params: SamplingParams) -> None:
+    """llama.cpp's sampler chain for ``params`` over ``vocab``: owns the chain, samples from a context's outputs."""
+
+    def __init__(self, vocab: Vocab, params: SamplingParams) -> None:
         self._ptr: Any = None
-        self.n_vocab = n_vocab
+        self.n_vocab = vocab.n_tokens
         self._cur: Any = None
         self._failed = ffi.new("bool *")
         # greedy alone (no bias, penalties or grammar: nothing before it changes the logits and it keeps no state):
@@ -175,7 +83,7 @@ class Sampler:
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         self._ptr = chain
         try:
-            self._build(vocab_ptr, params)
+            self._build(vocab.ptr, params)
         except BaseException:
             self.close()
             raise
@@ -200,7 +108,7 @@ class Sampler:
         if g is not None:
             check_grammar(g[0])
             mark = native_mark()
-            smpl = check_ptr(lib.llama_sampler_init_grammar(vocab, g[0].encode(), g[1].encode()), _GrammarError,
+            smpl = check_ptr(lib.llama_sampler_init_grammar(vocab, g[0].encode(), g[1].encode()), GrammarError,
                              "grammar: cannot parse the grammar", since=mark)
             self._add(smpl)
         seed = p.seed & 0xFFFFFFFF
@@ -222,8 +130,9 @@ class Sampler:
     def ptr(self) -> Any:
         return check_closed(self._ptr, "sampler")
 
-    def sample(self, ctx_ptr: Any, idx: int = -1) -> int:
+    def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from output ``idx`` of the context's last decode and accept the token: one call."""
+        ctx_ptr = ctx.ptr  # raises once the context is closed
         if self._argmax:
             p = lib.llama_get_logits_ith(ctx_ptr, idx)
             if p == ffi.NULL:  # llama_sampler_sample would abort the process
@@ -239,7 +148,7 @@ class Sampler:
 
     def _check(self, mark: int) -> None:
         # the shim turned an exception of the chain into failed: a grammar that accepts no token
-        check_true(not self._failed[0], _GrammarError, "grammar: no token can continue the text", since=mark)
+        check_true(not self._failed[0], GrammarError, "grammar: no token can continue the text", since=mark)
 
     def sample_logits(self, logits: np.ndarray) -> int:
         """Sample from logits given by Python (after logits processors) and accept the token."""
@@ -261,7 +170,7 @@ class Sampler:
         arr.data, arr.size, arr.selected, arr.sorted = self._cur, self.n_vocab, -1, False
         lib.llama_sampler_apply(self.ptr, arr)
         if not 0 <= arr.selected < arr.size:
-            raise _GrammarError("the sampler chain selected no token (the grammar allows none?)")
+            raise GrammarError("the sampler chain selected no token (the grammar allows none?)")
         token = int(arr.data[arr.selected].id)
         self.accept(token)
         return token
@@ -288,7 +197,3 @@ class Sampler:
 
 def _penalized(p: SamplingParams) -> bool:
     return p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
-class _GrammarError(ValueError):
-    """The grammar does not parse (a ValueError naming ``grammar``)."""

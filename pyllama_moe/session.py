@@ -125,7 +125,6 @@ class Session:
         row = -1  # the output of the last decode to sample from
         try:
             while True:
-                ctx_ptr = self.ctx.ptr  # raises once the Llama is closed under a live stream
                 done = self.n_tokens - len(drafts)  # the tokens sampled (or given) so far
                 if done >= self.n_ctx:
                     return
@@ -134,7 +133,7 @@ class Session:
                     logits = self.ctx.logits_ith(row)
                     token = sampler.sample_logits(logits_processor(self.input_ids[:done], logits.copy()))
                 else:
-                    token = sampler.sample(ctx_ptr, row)
+                    token = sampler.sample(self.ctx, row)  # raises once the Llama is closed under a live stream
                     logits = self.ctx.logits_ith(row) if need_logits else None
                 if stopping_criteria is not None and logits is not None \
                         and stopping_criteria(self.input_ids[:done], logits):

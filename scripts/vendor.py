@@ -373,7 +373,9 @@ def export(lay: Layout, stamp: bool = True) -> list[str]:
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    """The files of ``folder`` but its Markdown documents (``README.md`` beside the series is not exported)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and p.suffix != ".md"}
 
 
 def roundtrip(lay: Layout, out: Path) -> list[str]:

@@ -14,7 +14,7 @@
   chat templates;
 - :mod:`~pyllama_moe.chat.handler`: formatter -> handler, completion -> chat results,
   ``response_format`` and ``tool_choice`` grammars;
-- :mod:`~pyllama_moe.chat.grammar`: GBNF for JSON and :func:`json_schema_to_gbnf`;
+- JSON grammars and :func:`json_schema_to_gbnf` come from :mod:`pyllama_moe.json_schema`;
 - :mod:`~pyllama_moe.chat.functions`: the "chatml-function-calling" handler.
 """
 
@@ -36,12 +36,6 @@ from pyllama_moe.chat.formats import (
     register_chat_format,
     unregister_chat_handler,
 )
-from pyllama_moe.chat.grammar import (
-    JSON_GBNF,
-    JSON_VALUE_GBNF,
-    SchemaError,
-    json_schema_to_gbnf,
-)
 from pyllama_moe.chat.handler import (
     ChatFormatter,
     ChatFormatterResponse,
@@ -49,6 +43,12 @@ from pyllama_moe.chat.handler import (
     chat_formatter_to_chat_completion_handler,
 )
 from pyllama_moe.chat.template import Jinja2ChatFormatter
+from pyllama_moe.json_schema import (
+    JSON_GBNF,
+    JSON_VALUE_GBNF,
+    SchemaError,
+    json_schema_to_gbnf,
+)
 
 __all__ = [
     "JSON_GBNF",

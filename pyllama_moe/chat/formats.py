@@ -23,6 +23,7 @@ from pyllama_moe.chat.handler import (
     LlamaChatCompletionHandler,
     chat_formatter_to_chat_completion_handler,
 )
+from pyllama_moe.errors import ChatFormatNotFoundError
 
 __all__ = [
     "ChatFormatNotFoundError",
@@ -33,10 +34,6 @@ __all__ = [
     "register_chat_format",
     "unregister_chat_handler",
 ]
-
-
-class ChatFormatNotFoundError(ValueError):
-    """No chat format or handler is registered under that name."""
 
 
 # llama-cpp-python's name for it

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from pyllama_moe.chat.formats import register_chat_completion_handler
-from pyllama_moe.chat.grammar import gbnf_literal
 from pyllama_moe.chat.handler import (
     completion_kwargs,
     convert_completion_to_chat,
@@ -29,6 +28,7 @@ from pyllama_moe.chat.handler import (
     tools_and_choice,
 )
 from pyllama_moe.chat.template import compile_template
+from pyllama_moe.json_schema import gbnf_literal
 
 __all__ = ["FUNCTION_CALLING_TEMPLATE", "chatml_function_calling"]
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from pyllama_moe.chat.grammar import JSON_GBNF, SchemaError, json_schema_to_gbnf
+from pyllama_moe.json_schema import JSON_GBNF, SchemaError, json_schema_to_gbnf
 
 __all__ = [
     "ChatFormatter",

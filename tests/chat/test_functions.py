@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pyllama_moe import chat
-from pyllama_moe.chat.grammar import json_schema_to_gbnf
+from pyllama_moe.json_schema import json_schema_to_gbnf
 
 from fixtures.chat import CONVERSATION, EXPECTED, NO_SYSTEM, WEATHER_TOOL, StubLlama, completion
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pyllama_moe import chat
-from pyllama_moe.chat.grammar import JSON_GBNF, json_schema_to_gbnf
+from pyllama_moe.json_schema import JSON_GBNF, json_schema_to_gbnf
 
 from fixtures.chat import NO_SYSTEM, WEATHER_TOOL, Grammar, StubLlama, completion
 

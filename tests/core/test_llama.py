@@ -141,7 +141,7 @@ def test_echo_logprobs_need_logits_all(llm: Llama, path: Path) -> None:
 
 
 def test_grammar_constrains_output(llm: Llama) -> None:
-    from pyllama_moe.sampler import LlamaGrammar
+    from pyllama_moe.grammar import LlamaGrammar
 
     for seed in range(3):
         r = llm("Answer:", max_tokens=8, temperature=1.0, seed=seed, grammar='root ::= "yes" | "no"')
@@ -370,7 +370,7 @@ def test_tokenizer_object(llm: Llama) -> None:
 def test_grammar_from_json_schema(llm: Llama) -> None:
     import json
 
-    from pyllama_moe.sampler import LlamaGrammar
+    from pyllama_moe.grammar import LlamaGrammar
 
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}

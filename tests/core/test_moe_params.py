@@ -11,6 +11,7 @@ import pytest
 
 from pyllama_moe import backend, moe
 from pyllama_moe.ffi import lib
+from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.llama import Llama
 
 OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
@@ -149,7 +150,7 @@ def test_fit_with_cache_chooses_layers_or_cache(monkeypatch: pytest.MonkeyPatch,
     # was left (layers, overrides, a shorter context) and only checks a placement given with overrides
     from pyllama_moe.params import ContextParams, ModelParams
 
-    n_layer = moe.block_count(str(path).encode())
+    n_layer = GGUFInfo.read(path).require_block_count()
     cpu = lib.ggml_backend_cpu_buffer_type()
     default_ngl = lib.llama_model_default_params().n_gpu_layers
     calls: list[tuple[list[str], int]] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_moe import Llama, backend
+from pyllama_moe import Llama, backend, rpc
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def test_layers_run_on_the_rpc_server(tiny: Path, server: str, caplog: pytest.Lo
     with caplog.at_level("DEBUG", logger="pyllama_moe"):
         with Llama(str(tiny), n_ctx=256, n_gpu_layers=-1, rpc_servers=server, verbose=True, seed=1) as remote:
             got = remote.create_completion("The quick brown fox", max_tokens=12, temperature=0)["choices"][0]["text"]
-    rpc = [d for d in backend.devices() if d.type == "rpc"]
-    assert [d.description for d in rpc] == [server]
+    rpc_devs = [d for d in backend.devices() if d.type == "rpc"]
+    assert [d.description for d in rpc_devs] == [server]
     assert any("RPC" in r.getMessage() and "model buffer size" in r.getMessage() for r in caplog.records), \
         "the layers were not placed on the RPC device"
     assert got == want  # the server computes with the same CPU kernels
@@ -64,7 +64,7 @@ def test_layers_run_on_the_rpc_server(tiny: Path, server: str, caplog: pytest.Lo
 
 def test_a_model_that_did_not_ask_stays_off_the_rpc_devices(tiny: Path, server: str,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    backend.add_rpc_servers(server)
+    rpc.add_rpc_servers(server)
     with caplog.at_level("DEBUG", logger="pyllama_moe"):
         with Llama(str(tiny), n_ctx=256, n_gpu_layers=-1, verbose=True) as llm:
             assert llm.create_completion("x", max_tokens=2)["choices"]

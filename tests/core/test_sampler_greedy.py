@@ -26,7 +26,7 @@ def llm() -> Iterator[Llama]:
 
 def sampler(llm: Llama, params: SamplingParams, monkeypatch: pytest.MonkeyPatch, argmax: bool) -> Sampler:
     monkeypatch.setenv("PYLLAMA_MOE_GREEDY_ARGMAX", "1" if argmax else "0")
-    return Sampler(llm._vocab.ptr, llm.n_vocab(), params)
+    return Sampler(llm._vocab, params)
 
 
 def edit_first_max_twice(x: np.ndarray) -> None:  # a tie: the first of the two wins
@@ -76,8 +76,8 @@ def test_argmax_is_llama_cpp_s_greedy_token(llm: Llama, monkeypatch: pytest.Monk
     try:
         EDITS[edit](logits)
         edited = logits.copy()
-        token = fast.sample(llm._ctx.ptr, -1)
-        assert token == ref.sample(llm._ctx.ptr, -1)
+        token = fast.sample(llm._ctx, -1)
+        assert token == ref.sample(llm._ctx, -1)
         if edit == "tie":
             assert token == 3
         elif edit == "infinities":

@@ -59,16 +59,16 @@ def test_copy_bandwidth_to_the_gpu(tmp_path: Path) -> None:
     gpu = next(d for d in backend.devices() if d.type == "gpu")
     data = tmp_path / "weights.bin"
     data.write_bytes(bytes(range(256)) * (16 << 12))  # 16 MiB
-    bw = backend.h2d_bandwidth(gpu, 64 << 20, reps=2, mapped=data)
+    bw = bench.h2d_bandwidth_to(gpu, 64 << 20, reps=2, mapped=data)
     assert set(bw) == {"pinned", "pageable", "mapped"}
     assert all(0 < v < float("inf") for v in bw.values())
     assert set(bench.h2d_bandwidth(64 << 20)) == {"pinned", "pageable"}
     assert set(bench.h2d_bandwidth(64 << 20, mapped=data)) == {"pinned", "pageable", "mapped"}
     with pytest.raises(LlamaError, match="cannot open .*absent.bin"):
-        backend.h2d_bandwidth(gpu, 1 << 20, mapped=tmp_path / "absent.bin")
+        bench.h2d_bandwidth_to(gpu, 1 << 20, mapped=tmp_path / "absent.bin")
     (tmp_path / "empty.bin").write_bytes(b"")
     with pytest.raises(LlamaError, match="cannot map .*empty.bin: empty"):
-        backend.h2d_bandwidth(gpu, 1 << 20, mapped=tmp_path / "empty.bin")
+        bench.h2d_bandwidth_to(gpu, 1 << 20, mapped=tmp_path / "empty.bin")
 
 
 FIT_CHILD = """

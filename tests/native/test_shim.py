@@ -62,7 +62,7 @@ def test_copy_bandwidth_refuses_the_host_and_bad_arguments() -> None:
 
     cpu = next(d for d in backend.devices() if d.type == "cpu")
     with pytest.raises(LlamaError, match=f"cannot measure the copy bandwidth to {cpu.name}.*is the host"):
-        backend.h2d_bandwidth(cpu, 1 << 20)
+        bench.h2d_bandwidth_to(cpu, 1 << 20)
     out = ffi.new("double[3]")
     n_dev = len(backend.devices())
     assert lib.pyllama_moe_h2d_bandwidth(n_dev, 1 << 20, 1, ffi.NULL, out, out + 1, out + 2) == -1  # no such device

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pyllama_moe.moe import MoeCacheStats
 from pyllama_moe.tools import bench
 
 BATCHED_OUT = """
@@ -40,11 +41,12 @@ def test_parse_cache_stats_and_jsonl() -> None:
 
 
 def test_expert_bytes_match_the_writer(tiny: Path) -> None:
+    from pyllama_moe.gguf_info import GGUFInfo
     from pyllama_moe.tools import synth
 
-    assert bench.expert_bytes(tiny) == synth.plan("tiny").expert_bytes > 0
+    assert GGUFInfo.read(tiny).expert_bytes == synth.plan("tiny").expert_bytes > 0
     with pytest.raises(ValueError, match="not a readable GGUF"):
-        bench.expert_bytes(Path(__file__))
+        GGUFInfo.read(Path(__file__))
 
 
 def test_cache_setup_runs_batched_bench_with_its_share(tiny: Path) -> None:
@@ -209,8 +211,8 @@ def test_prompt_in_batches(tiny: Path) -> None:
 
 
 def test_prompt_seeds_are_the_difference() -> None:
-    def stats(ubatches: int, experts: int) -> dict[str, dict[str, float]]:
-        return {"seed": {"ubatches": ubatches, "experts": experts}}
+    def stats(ubatches: int, experts: int) -> MoeCacheStats:
+        return MoeCacheStats.from_dict({"seed": {"ubatches": ubatches, "experts": experts}})
 
     assert bench.prompt_seeds(stats(2, 10), stats(5, 70)) == {"ubatches": 3, "experts": 60}
     assert bench.prompt_seeds(stats(2, 10), stats(2, 10)) is None  # no seed in between
@@ -313,7 +315,9 @@ def test_dense_and_upstream_run(tiny: Path, tmp_path: Path, capsys: pytest.Captu
     from pyllama_moe.tools import synth
 
     dense = synth.write_model(tmp_path / "dense.gguf", "tiny", arch="qwen3", seed=4, n_layer=4)
-    assert bench.block_count(dense) == 4
+    from pyllama_moe.gguf_info import GGUFInfo
+
+    assert GGUFInfo.read(dense).require_block_count() == 4
     rc = bench.main([str(tiny), "--dense", str(dense), "--setups", "cpu_moe-none,dense-ngl-half,dense-ffn-half",
                      "--pp", "32", "--ub", "32", "--tg", "4", "--reps", "1", "--upstream", "--no-api"])
     text = capsys.readouterr().out
@@ -329,8 +333,8 @@ def test_dense_and_upstream_run(tiny: Path, tmp_path: Path, capsys: pytest.Captu
 def test_upstream_sets_every_documented_kill_switch() -> None:
     import re
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \| .*\(upstream\)", readme, re.M))
+    switches = (Path(__file__).parents[2] / "docs" / "environment.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \| .*\(upstream\)", switches, re.M))
     assert documented == set(bench.KILL_SWITCHES)
     assert bench.upstream_switches() == {k: "0" for k in documented}
 
@@ -408,9 +412,9 @@ def test_pristine_rows_run_the_tools_of_another_build(tiny: Path, tmp_path: Path
 
 
 def test_prompt_copies_are_those_of_the_timed_ubatches() -> None:
-    def stats(ubatches: int, calls: int, regions: int, cache_mib: float, host_mib: float) -> dict:
-        return {"prefetch": {"ubatches": ubatches, "calls": calls, "regions": regions,
-                             "bytes_cache": cache_mib * 2**20, "bytes_host": host_mib * 2**20}}
+    def stats(ubatches: int, calls: int, regions: int, cache_mib: float, host_mib: float) -> MoeCacheStats:
+        return MoeCacheStats.from_dict({"prefetch": {"ubatches": ubatches, "calls": calls, "regions": regions,
+                                                     "bytes_cache": cache_mib * 2**20, "bytes_host": host_mib * 2**20}})
 
     before, after = stats(3, 300, 9000, 1000.0, 40000.0), stats(5, 582, 17000, 23000.0, 48532.0)
     assert bench.prompt_copies(before, after) == {"ubatches": 2, "calls": 141.0, "regions": 4000.0,

@@ -27,11 +27,10 @@ def test_demo_runs_and_reports(tmp_path: Path) -> None:
 
 
 def test_cache_summary() -> None:
+    from pyllama_moe import MoeCacheStats
     from pyllama_moe.tools.demo import cache_summary
 
     assert cache_summary(None).startswith("moe cache: none (CPU only")
-    zero = {"hits": 0, "misses": 0, "bytes_uploaded": 0}
-    stats = {"small": dict(zero), "large": {"hits": 2, "misses": 2, "bytes_uploaded": 2**20},
-             "device": {"hits": 4, "misses": 0, "bytes_uploaded": 0}, "copied": {"experts": 5, "bytes": 9}}
+    stats = MoeCacheStats(hits_large=2, misses_large=2, bytes_large=2**20, hits_device=4, n_copied=5, bytes_copied=9)
     assert cache_summary(stats) == "moe cache: 6 hits, 2 misses (75.0% hit), 1.0 MiB uploaded"
-    assert "(0.0% hit)" in cache_summary({"small": zero, "large": zero, "device": zero})
+    assert "(0.0% hit)" in cache_summary(MoeCacheStats())

@@ -21,9 +21,10 @@ from pyllama_moe.tools.bench.matrix import (
     setup_named,
     upstream_switches,
 )
-from pyllama_moe.tools.bench.models import DENSE_PRESETS, block_count, expert_bytes, routing_regime, write_model
+from pyllama_moe.tools.bench.models import DENSE_PRESETS, routing_regime, write_model
 from pyllama_moe.tools.bench.native import (
     h2d_bandwidth,
+    h2d_bandwidth_to,
     measure,
     parse_cache_stats,
     parse_decisions,
@@ -42,13 +43,12 @@ __all__ = [
     "Row",
     "Setup",
     "api_measure",
-    "block_count",
     "cache_mib",
     "column",
     "decode_hits",
-    "expert_bytes",
     "fit_kwargs",
     "h2d_bandwidth",
+    "h2d_bandwidth_to",
     "main",
     "measure",
     "mismatches",

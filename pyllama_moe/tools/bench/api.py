@@ -71,14 +71,14 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     return rows
 
 
-Stats = dict[str, dict[str, float]] | None  # what Llama.moe_cache_stats() returns
+Stats = MoeCacheStats | None  # what Llama.moe_cache_stats() returns
 
 
 def _delta(before: Stats, after: Stats) -> MoeCacheStats | None:
     """The counts between two ``moe_cache_stats()``, None without a cache."""
-    if not before or not after:
+    if before is None or after is None:
         return None
-    return MoeCacheStats.from_dict(after) - MoeCacheStats.from_dict(before)
+    return after - before
 
 
 def decode_hits(before: Stats, after: Stats) -> dict[str, float]:

@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.tools.bench.api import api_measure
 from pyllama_moe.tools.bench.gpu_trace import TraceSummary
 from pyllama_moe.tools.bench.matrix import (
@@ -39,7 +40,7 @@ from pyllama_moe.tools.bench.matrix import (
     setup_named,
     upstream_switches,
 )
-from pyllama_moe.tools.bench.models import block_count, routing_regime, write_model
+from pyllama_moe.tools.bench.models import routing_regime, write_model
 from pyllama_moe.tools.bench.native import h2d_bandwidth, measure, tool_path
 from pyllama_moe.tools.bench.overhead import overhead, overhead_table
 from pyllama_moe.tools.bench.report import Row, mismatches, switch_label, table, upstream_differences
@@ -187,7 +188,7 @@ def _run(p: Params) -> Result:
             continue
         model = args.dense if setup.dense else args.model
         if setup.dense:
-            setup = setup.resolve(block_count(model))
+            setup = setup.resolve(GGUFInfo.read(model).require_block_count())
         for sw in p.settings:
             print(f"bench: {name} {switch_label(sw)}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pyllama_moe.tools.bench.models import expert_bytes
+from pyllama_moe.gguf_info import GGUFInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ def upstream_switches() -> dict[str, str]:
 def cache_mib(model: Path, setup: Setup) -> int:
     if setup.cache_mib_fixed:
         return setup.cache_mib_fixed
-    return max(1, int(expert_bytes(model) * setup.cache_fraction) >> 20) if setup.cache_fraction else 0
+    return max(1, int(GGUFInfo.read(model).expert_bytes * setup.cache_fraction) >> 20) if setup.cache_fraction else 0
 
 
 def fit_kwargs(setup: Setup) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The bench's models: written with :mod:`pyllama_moe.tools.synth` where absent, and what their GGUF headers say
-(the routing regime, the bytes of the experts, the layers), read once by :class:`pyllama_moe.gguf_info.GGUFInfo`."""
+(the routing regime), read once by :class:`pyllama_moe.gguf_info.GGUFInfo`."""
 
 from __future__ import annotations
 
@@ -33,13 +33,3 @@ def routing_regime(model: Path) -> str:
     if routing is None and signs is None:
         return "-"  # not a synthetic model
     return shapes.regime_of(routing or "", float(meta.get(writer.META_PREFIX + "skew", 0.0)), signs or "")
-
-
-def expert_bytes(model: Path) -> int:
-    """Bytes of the expert tensors of a GGUF (read through ggml's gguf reader, no data loaded)."""
-    return GGUFInfo.read(model).expert_bytes
-
-
-def block_count(model: Path) -> int:
-    """The GGUF's ``{architecture}.block_count``."""
-    return GGUFInfo.read(model).require_block_count()

@@ -9,10 +9,13 @@ import re
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyllama_moe.tools.bench.matrix import Setup, cache_mib
 from pyllama_moe.tools.bench.report import Row
+
+if TYPE_CHECKING:
+    from pyllama_moe.backend import Device
 
 CACHE_LINE = re.compile(
     r"llama_moe_cache: (?P<kind>ubatch\s+[<>]=?\s*\d+|device lookups): hits = (?P<hits>\d+), misses = (?P<misses>\d+), "
@@ -137,5 +140,29 @@ def h2d_bandwidth(n_bytes: int = 1 << 30, mapped: Path | None = None) -> dict[st
     from pyllama_moe import backend
 
     gpus = backend.gpus()
-    return backend.h2d_bandwidth(gpus[0], n_bytes, mapped=mapped) if gpus else {}
+    return h2d_bandwidth_to(gpus[0], n_bytes, mapped=mapped) if gpus else {}
+
+
+def h2d_bandwidth_to(device: Device, n_bytes: int = 1 << 30, reps: int = 3,
+                  mapped: str | os.PathLike[str] | None = None) -> dict[str, float]:
+    """Host-to-device copy bandwidth to ``device`` in GB/s, from pinned (``pinned``; absent if the device has
+    no pinned host buffer type) and pageable (``pageable``) memory, copied as llama.cpp uploads weights; with
+    ``mapped`` (a file, e.g. the model), also from that file's first ``n_bytes`` mapped read-only (``mapped``:
+    page-cache pages, as load mode mmap uploads them; absent where files cannot be mapped)."""
+    from pyllama_moe import backend
+    from pyllama_moe.errors import LlamaError, check_true, native_mark
+    from pyllama_moe.llama_cpp import ffi, lib
+
+    backend.init()
+    pinned, pageable, from_file = ffi.new("double *"), ffi.new("double *"), ffi.new("double *")
+    path = ffi.new("char[]", os.fsencode(mapped)) if mapped is not None else ffi.NULL
+    mark = native_mark()
+    rc = lib.pyllama_moe_h2d_bandwidth(device.index, n_bytes, reps, path, pinned, pageable, from_file)
+    check_true(rc == 0, LlamaError, f"cannot measure the copy bandwidth to {device.name}", mark)
+    out = {"pinned": pinned[0] / 1e9} if pinned[0] > 0 else {}
+    out["pageable"] = pageable[0] / 1e9
+    if from_file[0] > 0:
+        out["mapped"] = from_file[0] / 1e9
+    return out
+
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def bench_text(vocab_tokenize: Callable[[bytes], list[int]]) -> tuple[list[int], list[int]]:
     """The bench's real text as tokens: the documentation of standard-library modules (the prompts, and the
     tokens after them) and their source code (decoding from an empty context, and a cache's warm-up): two topics."""
-    from pyllama_moe.tools.routing import stdlib_text
+    from pyllama_moe.tools.text import stdlib_text
 
     text = stdlib_text(120_000, source_share=0.25)
     split = int(len(text) * 0.75)  # stdlib_text: the documentation, then the source code
