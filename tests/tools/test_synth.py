@@ -158,7 +158,7 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     assert value(r, f"{arch}.block_count") == s.n_layer == 2
     assert value(r, f"{arch}.embedding_length") == 64
     assert value(r, f"{arch}.attention.head_count") == 4
-    assert value(r, f"{arch}.attention.head_count_kv") == 2
+    assert value(r, f"{arch}.attention.head_count_kv") == (4 if arch == "olmoe" else 2)  # olmoe: no GQA
     assert value(r, f"{arch}.attention.key_length") == value(r, f"{arch}.attention.value_length") == 16
     assert value(r, f"{arch}.context_length") == s.context_length
     assert value(r, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(1e-6)
@@ -187,6 +187,8 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     assert value(r, f"{arch}.expert_count") == 8
     assert value(r, f"{arch}.expert_used_count") == 2
     assert value(r, f"{arch}.expert_feed_forward_length") == 32
+    if arch in ("llama", "olmoe"):  # their loaders size the experts by feed_forward_length
+        assert value(r, f"{arch}.feed_forward_length") == 32
     # n_expert x n_ff_exp x n_embd in numpy order is (n_embd, n_ff_exp, n_expert) in ggml order
     assert tuple(got["blk.1.ffn_gate_exps.weight"].shape) == (64, 32, 8)
     assert tuple(got["blk.1.ffn_up_exps.weight"].shape) == (64, 32, 8)
@@ -202,9 +204,18 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.0.attn_sinks.weight"].shape) == (4,)
         assert tuple(got["blk.0.attn_output.bias"].shape) == (64,)
         assert "blk.0.post_attention_norm.weight" in got and "blk.0.ffn_norm.weight" not in got
-    else:
+    elif arch == "qwen3moe":
         assert tuple(got["blk.0.attn_q_norm.weight"].shape) == (16,)
         assert "blk.0.attn_v.bias" not in got  # only a skewed qwen3moe has value biases
+    elif arch == "qwen2moe":  # query, key and value biases, a shared expert of n_ff with its gate
+        assert value(r, "qwen2moe.expert_shared_feed_forward_length") == TINY.n_ff
+        assert tuple(got["blk.0.attn_q.bias"].shape) == (64,) and "blk.0.attn_q_norm.weight" not in got
+        assert tuple(got["blk.0.ffn_gate_inp_shexp.weight"].shape) == (64,)
+        assert tuple(got["blk.0.ffn_down_shexp.weight"].shape) == (TINY.n_ff, 64)
+    elif arch == "olmoe":  # query and key norms over the whole width
+        assert tuple(got["blk.0.attn_k_norm.weight"].shape) == (64,)
+    else:  # llama with experts (Mixtral): neither norms nor biases in attention
+        assert not [n for n in got if "attn_q_norm" in n or n.endswith(".bias")]
 
 
 def test_real_vocab_tiny_is_small_and_has_the_full_tokenizer(real_vocab: Path, real_vocab_reader: Any,
@@ -454,7 +465,7 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
     ("kwargs", "param"),
     [
         ({"preset": "huge"}, "preset"),
-        ({"arch": "llama"}, "arch"),
+        ({"arch": "mixtral"}, "arch"),  # Mixtral is llama with experts
         ({"expert_type": "q5_k"}, "expert_type"),
         ({"dense_type": "bf16"}, "dense_type"),
         ({"n_expert_used": 9}, "n_expert_used"),
@@ -471,6 +482,9 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "qwen3", "skew": 0.5}, "skew"),
         ({"arch": "qwen3", "n_expert": 8}, "n_expert"),
         ({"n_experts": 8}, "n_experts"),
+        ({"arch": "qwen2moe", "skew": 0.5}, "skew"),  # no router bias or value bias to steer
+        ({"arch": "qwen2moe", "head_dim": 32}, r"n_head \* head_dim"),  # its attention output is n_embd square
+        ({"arch": "olmoe", "n_head_kv": 2}, "n_head_kv"),
     ],
 )
 def test_bad_parameters_raise_value_error(kwargs: dict[str, Any], param: str) -> None:
@@ -565,7 +579,8 @@ def llama_lib() -> Iterator[Any]:
     yield ffi, lib
 
 
-@pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0)])
+@pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
+                                           ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib
@@ -690,3 +705,29 @@ def test_recency_window_weights() -> None:
     short = synth_routing.window_weights(synth_routing.layout(2048, 128, 128, 48, 1e6,
                                                               synth_routing.REGIMES["dispersed"].window), 1e6)
     assert short[:4].sum() > 0.8 and w[:4].sum() < 0.3
+
+
+@pytest.mark.parametrize("arch", sorted(synth.MOE_ARCHITECTURES))
+def test_moe_architectures_route_and_run_with_host_experts(arch: str, tmp_path: Path) -> None:
+    """NATIVE: every MoE architecture synth writes routes through llama.cpp's MoE graph (the selections of every
+    layer recorded, K distinct experts per token) and gives the same greedy text with its experts in host memory
+    (``cpu_moe``) as without."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe.llama import Llama
+    from pyllama_moe.tools import routing
+
+    path = synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, seed=3)
+    texts = []
+    for cpu_moe in (False, True):
+        with Llama(str(path), n_ctx=128, verbose=False, cpu_moe=cpu_moe, n_gpu_layers=-1, seed=0) as llm:
+            out = llm("The quick brown fox", max_tokens=12, temperature=0)
+            texts.append(out["choices"][0]["text"])
+            assert out["usage"]["completion_tokens"] == 12
+            if cpu_moe:
+                assert llm.placement["host_tensor_patterns"]
+            tokens = llm.tokenize(b"def main():\n    return json.dumps({'a': 1}, indent=2)\n")
+    assert texts[0] == texts[1]
+    rec = routing.record(path, tokens, threads=1)
+    assert rec.layers == [0, 1] and rec.n_expert == 8
+    for sel in rec.topk.values():
+        assert sel.shape == (len(tokens), 2) and all(len(set(row)) == 2 for row in sel.tolist())

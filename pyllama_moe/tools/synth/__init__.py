@@ -1,4 +1,6 @@
-"""Write random-weight GGUF models that llama.cpp (b11549) loads: ``qwen3moe``, ``gpt-oss``, ``qwen3``.
+"""Write random-weight GGUF models that llama.cpp (b11549) loads: the MoE architectures ``qwen3moe``, ``gpt-oss``,
+``qwen2moe`` (a shared expert with its gate, attention biases), ``olmoe`` (query and key norms over the whole width)
+and ``llama`` with experts (Mixtral), and the dense ``qwen3``.
 
 The models have the exact tensor names, shapes and metadata keys of the real architectures and a
 real tokenizer (every ``tokenizer.*`` key copied from a vocab-only GGUF, by default upstream's
@@ -25,7 +27,7 @@ Weights
     fixed-size chunks from a counter-based seed (``seed``, the tensor's name, the chunk's index),
     so the same arguments always give a byte-identical file, whatever the number of threads.
 
-Router skew (``skew > 0``, MoE architectures only)
+Router skew (``skew > 0``, ``qwen3moe`` and ``gpt-oss`` only)
     Real MoE models route unevenly: a few experts per layer are hot, and consecutive tokens tend to
     reuse experts. With ``skew`` the model imitates this:
 
@@ -75,6 +77,7 @@ from pyllama_moe.tools.synth.shapes import (
     EXPERT_RMS,
     EXPERT_TYPES,
     GGML_TYPES,
+    MOE_ARCHITECTURES,
     PRESETS,
     ROUTER_STD,
     ROUTINGS,
@@ -98,6 +101,7 @@ __all__ = [
     "EXPERT_TYPES",
     "GGML_TYPES",
     "META_PREFIX",
+    "MOE_ARCHITECTURES",
     "PRESETS",
     "ROUTER_STD",
     "ROUTINGS",

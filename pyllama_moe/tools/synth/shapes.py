@@ -19,8 +19,15 @@ from pyllama_moe.tools.synth.vocab import QWEN2_N_VOCAB, _load_vocab
 ARCH_QWEN3MOE = "qwen3moe"
 ARCH_GPT_OSS = "gpt-oss"
 ARCH_QWEN3 = "qwen3"
-ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3)
-MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS})
+ARCH_QWEN2MOE = "qwen2moe"  # Qwen1.5/Qwen2-MoE: query, key and value biases; a shared expert with its own gate
+ARCH_OLMOE = "olmoe"  # OLMoE: query and key norms over the whole width; the experts' width is feed_forward_length
+ARCH_MIXTRAL = "llama"  # Mixtral: llama with expert tensors; the experts' width is feed_forward_length
+ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL)
+MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL})
+# llama.cpp's loaders of these size the attention output n_embd x n_embd: n_head * head_dim must be n_embd
+FULL_WIDTH_ATTENTION: frozenset[str] = frozenset({ARCH_QWEN2MOE, ARCH_OLMOE})
+# where the skew can steer the routers (a router bias, or qwen3moe's value biases)
+SKEW_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS})
 
 DENSE_STD = 0.02
 ROUTER_STD = 0.05
@@ -151,6 +158,11 @@ class Shape:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        if self.arch in FULL_WIDTH_ATTENTION and self.n_embd_q != self.n_embd:
+            raise ValueError(f"{self.arch} needs n_head * head_dim == n_embd, got {self.n_head} * {self.head_dim} != "
+                             f"{self.n_embd}")
+        if self.arch == ARCH_OLMOE and self.n_head_kv != self.n_head:  # its key norm spans the whole width
+            raise ValueError(f"{self.arch} needs n_head_kv == n_head, got {self.n_head_kv} and {self.n_head}")
         if self.is_moe:
             self._validate_moe()
         else:
@@ -213,6 +225,8 @@ def resolve_shape(preset: str = "tiny", arch: str | None = None, **overrides: An
         shape = shape.replace(arch=arch)
         if arch not in MOE_ARCHITECTURES:
             shape = shape.replace(**{f: 0 for f in _EXPERT_FIELDS})
+        if arch == ARCH_OLMOE:  # no grouped keys and values
+            shape = shape.replace(n_head_kv=shape.n_head)
     shape = shape.replace(**{k: v for k, v in overrides.items() if v is not None})
     shape.validate()
     return shape
@@ -388,8 +402,8 @@ def _check_skew(skew: float, shape: Shape) -> float:
     """``skew`` as a float; ValueError if negative, not finite, or set for a dense model."""
     if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not math.isfinite(skew) or skew < 0:
         raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
-    if skew > 0 and not shape.is_moe:
-        raise ValueError(f"skew needs a mixture-of-experts arch ({', '.join(sorted(MOE_ARCHITECTURES))}), "
+    if skew > 0 and shape.arch not in SKEW_ARCHITECTURES:
+        raise ValueError(f"skew needs the {' or '.join(sorted(SKEW_ARCHITECTURES))} arch, "
                          f"got {shape.arch}")
     return float(skew)
 
@@ -398,6 +412,8 @@ def _check_blocks(shape: Shape, etype: GGMLType, dtype: GGMLType) -> None:
     """ValueError if a row of a quantized tensor is not a whole number of blocks."""
     ffn_rows = {"n_embd": shape.n_embd}
     ffn_rows.update({"n_ff_exp": shape.n_ff_exp} if shape.is_moe else {"n_ff": shape.n_ff})
+    if shape.arch == ARCH_QWEN2MOE:  # the shared expert
+        ffn_rows["n_ff"] = shape.n_ff
     for name, n in ffn_rows.items():
         if n % etype.block_size:
             raise ValueError(f"expert_type {etype.name} needs {name} to be a multiple of {etype.block_size}, got {n}")
@@ -435,14 +451,22 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         yield t("attn_v.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
     elif shape.arch == ARCH_QWEN3MOE and skewed:
         yield t("attn_v.bias", (n_kv,), f32, "vbias", 0.0, "bias")
+    elif shape.arch == ARCH_QWEN2MOE:
+        yield t("attn_q.bias", (n_q,), f32, "normal", BIAS_STD, "bias")
+        yield t("attn_k.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
+        yield t("attn_v.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
     yield t("attn_output.weight", (n_q, n_embd), dtype, "normal", DENSE_STD, "attn")
     if gpt_oss:
         yield t("attn_output.bias", (n_embd,), f32, "normal", BIAS_STD, "bias")
         yield t("attn_sinks.weight", (shape.n_head,), f32, "normal", SINK_STD, "attn")
         yield t("post_attention_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
     else:
-        yield t("attn_q_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
-        yield t("attn_k_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
+        if shape.arch in (ARCH_QWEN3MOE, ARCH_QWEN3):  # per head
+            yield t("attn_q_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
+            yield t("attn_k_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
+        elif shape.arch == ARCH_OLMOE:  # over the whole width
+            yield t("attn_q_norm.weight", (n_q,), f32, "ones", 0.0, "norm")
+            yield t("attn_k_norm.weight", (n_kv,), f32, "ones", 0.0, "norm")
         yield t("ffn_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
     if not shape.is_moe:
         yield t("ffn_gate.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
@@ -460,3 +484,8 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         yield t("ffn_gate_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
         yield t("ffn_up_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
         yield t("ffn_down_exps.bias", (n_embd, n_exp), f32, "normal", BIAS_STD, "bias")
+    if shape.arch == ARCH_QWEN2MOE:  # the shared expert (n_ff wide) and its gate, always on the device with the layer
+        yield t("ffn_gate_inp_shexp.weight", (n_embd,), f32, "normal", ROUTER_STD, "router")
+        yield t("ffn_gate_shexp.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
+        yield t("ffn_up_shexp.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
+        yield t("ffn_down_shexp.weight", (shape.n_ff, n_embd), etype, "normal", EXPERT_RMS, "ffn")

@@ -16,7 +16,16 @@ import numpy as np
 import numpy.typing as npt
 
 from pyllama_moe.tools.synth import routing as synth_routing
-from pyllama_moe.tools.synth.shapes import ARCH_GPT_OSS, GGML_TYPES, Plan, _pad, plan
+from pyllama_moe.tools.synth.shapes import (
+    ARCH_GPT_OSS,
+    ARCH_MIXTRAL,
+    ARCH_OLMOE,
+    ARCH_QWEN2MOE,
+    GGML_TYPES,
+    Plan,
+    _pad,
+    plan,
+)
 from pyllama_moe.tools.synth.vocab import _load_vocab, _Vocab, default_vocab_path
 from pyllama_moe.tools.synth.weights import (
     SHARED_FRACTION,
@@ -64,7 +73,9 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
     writer.add_uint32(f"{a}.context_length", s.context_length)
     writer.add_uint32(f"{a}.embedding_length", s.n_embd)
     writer.add_uint32(f"{a}.block_count", s.n_layer)
-    if s.n_ff:
+    if a in (ARCH_MIXTRAL, ARCH_OLMOE):  # their loaders size the experts by it
+        writer.add_uint32(f"{a}.feed_forward_length", s.n_ff_exp)
+    elif s.n_ff:
         writer.add_uint32(f"{a}.feed_forward_length", s.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", s.n_head)
     writer.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
@@ -77,6 +88,8 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.expert_count", s.n_expert)
         writer.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
         writer.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
+    if a == ARCH_QWEN2MOE:
+        writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
     if a == ARCH_GPT_OSS:
         writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
     for key, value, vtype, sub in vocab.entries:
