@@ -187,7 +187,7 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     assert value(r, f"{arch}.expert_count") == 8
     assert value(r, f"{arch}.expert_used_count") == 2
     assert value(r, f"{arch}.expert_feed_forward_length") == 32
-    if arch in ("llama", "olmoe"):  # their loaders size the experts by feed_forward_length
+    if arch in ("llama", "olmoe", "granitemoe"):  # their loaders size the experts by feed_forward_length
         assert value(r, f"{arch}.feed_forward_length") == 32
     # n_expert x n_ff_exp x n_embd in numpy order is (n_embd, n_ff_exp, n_expert) in ggml order
     assert tuple(got["blk.1.ffn_gate_exps.weight"].shape) == (64, 32, 8)
@@ -214,8 +214,10 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.0.ffn_down_shexp.weight"].shape) == (TINY.n_ff, 64)
     elif arch == "olmoe":  # query and key norms over the whole width
         assert tuple(got["blk.0.attn_k_norm.weight"].shape) == (64,)
-    else:  # llama with experts (Mixtral): neither norms nor biases in attention
+    else:  # llama with experts (Mixtral), granitemoe: neither norms nor biases in attention
         assert not [n for n in got if "attn_q_norm" in n or n.endswith(".bias")]
+        if arch == "granitemoe":
+            assert value(r, "granitemoe.logit_scale") == 6.0 and value(r, "granitemoe.attention.scale") == 1 / 16
 
 
 def test_real_vocab_tiny_is_small_and_has_the_full_tokenizer(real_vocab: Path, real_vocab_reader: Any,
@@ -580,7 +582,7 @@ def llama_lib() -> Iterator[Any]:
 
 
 @pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
-                                           ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0)])
+                                           ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib

@@ -22,8 +22,15 @@ ARCH_QWEN3 = "qwen3"
 ARCH_QWEN2MOE = "qwen2moe"  # Qwen1.5/Qwen2-MoE: query, key and value biases; a shared expert with its own gate
 ARCH_OLMOE = "olmoe"  # OLMoE: query and key norms over the whole width; the experts' width is feed_forward_length
 ARCH_MIXTRAL = "llama"  # Mixtral: llama with expert tensors; the experts' width is feed_forward_length
-ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL)
-MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL})
+ARCH_GRANITEMOE = "granitemoe"  # Granite MoE: Mixtral's tensors, the embedding, residual, attention and logits scaled
+ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
+                                  ARCH_GRANITEMOE)
+MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
+                                               ARCH_GRANITEMOE})
+# the experts' width as feed_forward_length (their loaders read no expert_feed_forward_length)
+FFN_SIZED_EXPERTS: frozenset[str] = frozenset({ARCH_OLMOE, ARCH_MIXTRAL, ARCH_GRANITEMOE})
+# Granite's multipliers (Granite-3.0-MoE's: the embedding x12, each residual branch x0.22, logits / 6)
+GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 6.0}
 # llama.cpp's loaders of these size the attention output n_embd x n_embd: n_head * head_dim must be n_embd
 FULL_WIDTH_ATTENTION: frozenset[str] = frozenset({ARCH_QWEN2MOE, ARCH_OLMOE})
 # where the skew can steer the routers (a router bias, or qwen3moe's value biases)

@@ -18,10 +18,11 @@ import numpy.typing as npt
 from pyllama_moe.tools.synth import routing as synth_routing
 from pyllama_moe.tools.synth.shapes import (
     ARCH_GPT_OSS,
-    ARCH_MIXTRAL,
-    ARCH_OLMOE,
+    ARCH_GRANITEMOE,
     ARCH_QWEN2MOE,
+    FFN_SIZED_EXPERTS,
     GGML_TYPES,
+    GRANITE_SCALES,
     Plan,
     _pad,
     plan,
@@ -73,7 +74,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
     writer.add_uint32(f"{a}.context_length", s.context_length)
     writer.add_uint32(f"{a}.embedding_length", s.n_embd)
     writer.add_uint32(f"{a}.block_count", s.n_layer)
-    if a in (ARCH_MIXTRAL, ARCH_OLMOE):  # their loaders size the experts by it
+    if a in FFN_SIZED_EXPERTS:  # their loaders size the experts by it
         writer.add_uint32(f"{a}.feed_forward_length", s.n_ff_exp)
     elif s.n_ff:
         writer.add_uint32(f"{a}.feed_forward_length", s.n_ff)
@@ -90,6 +91,10 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
     if a == ARCH_QWEN2MOE:
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
+    if a == ARCH_GRANITEMOE:
+        for key, v in GRANITE_SCALES.items():
+            writer.add_float32(f"{a}.{key}", v)
+        writer.add_float32(f"{a}.attention.scale", 1.0 / s.head_dim)
     if a == ARCH_GPT_OSS:
         writer.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
     for key, value, vtype, sub in vocab.entries:
