@@ -212,6 +212,11 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.0.attn_q.bias"].shape) == (64,) and "blk.0.attn_q_norm.weight" not in got
         assert tuple(got["blk.0.ffn_gate_inp_shexp.weight"].shape) == (64,)
         assert tuple(got["blk.0.ffn_down_shexp.weight"].shape) == (TINY.n_ff, 64)
+    elif arch == "ernie4_5-moe":  # a leading dense layer, a selection bias, a shared expert
+        assert value(r, "ernie4_5-moe.leading_dense_block_count") == 1
+        assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
+        assert tuple(got["blk.1.exp_probs_b.bias"].shape) == (8,)
+        assert tuple(got["blk.1.ffn_up_shexp.weight"].shape) == (64, TINY.n_ff)
     elif arch == "olmoe":  # query and key norms over the whole width
         assert tuple(got["blk.0.attn_k_norm.weight"].shape) == (64,)
     else:  # llama with experts (Mixtral), granitemoe: neither norms nor biases in attention
@@ -582,7 +587,8 @@ def llama_lib() -> Iterator[Any]:
 
 
 @pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
-                                           ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0)])
+                                           ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0),
+                                           ("ernie4_5-moe", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib
@@ -730,6 +736,6 @@ def test_moe_architectures_route_and_run_with_host_experts(arch: str, tmp_path: 
             tokens = llm.tokenize(b"def main():\n    return json.dumps({'a': 1}, indent=2)\n")
     assert texts[0] == texts[1]
     rec = routing.record(path, tokens, threads=1)
-    assert rec.layers == [0, 1] and rec.n_expert == 8
+    assert rec.layers == synth.resolve_shape("tiny", arch).moe_layers and rec.n_expert == 8
     for sel in rec.topk.values():
         assert sel.shape == (len(tokens), 2) and all(len(set(row)) == 2 for row in sel.tolist())

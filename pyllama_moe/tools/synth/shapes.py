@@ -23,10 +23,14 @@ ARCH_QWEN2MOE = "qwen2moe"  # Qwen1.5/Qwen2-MoE: query, key and value biases; a 
 ARCH_OLMOE = "olmoe"  # OLMoE: query and key norms over the whole width; the experts' width is feed_forward_length
 ARCH_MIXTRAL = "llama"  # Mixtral: llama with expert tensors; the experts' width is feed_forward_length
 ARCH_GRANITEMOE = "granitemoe"  # Granite MoE: Mixtral's tensors, the embedding, residual, attention and logits scaled
+# ERNIE-4.5-MoE: a leading dense layer, a selection bias (exp_probs_b) with softmax gating, a shared expert
+ARCH_ERNIE_MOE = "ernie4_5-moe"
 ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                  ARCH_GRANITEMOE)
+                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE)
 MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                               ARCH_GRANITEMOE})
+                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE})
+# the leading layers whose FFN is dense (ERNIE-4.5-MoE's first; the others none)
+DENSE_LEAD: dict[str, int] = {ARCH_ERNIE_MOE: 1}
 # the experts' width as feed_forward_length (their loaders read no expert_feed_forward_length)
 FFN_SIZED_EXPERTS: frozenset[str] = frozenset({ARCH_OLMOE, ARCH_MIXTRAL, ARCH_GRANITEMOE})
 # Granite's multipliers (Granite-3.0-MoE's: the embedding x12, each residual branch x0.22, logits / 6)
@@ -125,6 +129,11 @@ class Shape:
     def is_moe(self) -> bool:
         """Whether the architecture is a mixture of experts."""
         return self.arch in MOE_ARCHITECTURES
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The layers whose FFN is a mixture of experts (none for a dense model)."""
+        return list(range(DENSE_LEAD.get(self.arch, 0), self.n_layer)) if self.is_moe else []
 
     @property
     def n_embd_q(self) -> int:
@@ -419,7 +428,7 @@ def _check_blocks(shape: Shape, etype: GGMLType, dtype: GGMLType) -> None:
     """ValueError if a row of a quantized tensor is not a whole number of blocks."""
     ffn_rows = {"n_embd": shape.n_embd}
     ffn_rows.update({"n_ff_exp": shape.n_ff_exp} if shape.is_moe else {"n_ff": shape.n_ff})
-    if shape.arch == ARCH_QWEN2MOE:  # the shared expert
+    if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):  # the shared expert, ERNIE's leading dense layer
         ffn_rows["n_ff"] = shape.n_ff
     for name, n in ffn_rows.items():
         if n % etype.block_size:
@@ -475,7 +484,7 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
             yield t("attn_q_norm.weight", (n_q,), f32, "ones", 0.0, "norm")
             yield t("attn_k_norm.weight", (n_kv,), f32, "ones", 0.0, "norm")
         yield t("ffn_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
-    if not shape.is_moe:
+    if il not in shape.moe_layers:  # a dense model, or a leading dense layer
         yield t("ffn_gate.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_up.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_down.weight", (shape.n_ff, n_embd), etype, "normal", EXPERT_RMS, "ffn")
@@ -484,6 +493,8 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
     yield t("ffn_gate_inp.weight", (n_embd, n_exp), f32, "router", ROUTER_STD, "router")
     if gpt_oss:
         yield t("ffn_gate_inp.bias", (n_exp,), f32, "router", BIAS_STD, "bias")
+    if shape.arch == ARCH_ERNIE_MOE:  # the selection bias: added to the gate's probabilities to rank, not to weigh
+        yield t("exp_probs_b.bias", (n_exp,), f32, "normal", ROUTER_STD, "bias")
     yield t("ffn_gate_exps.weight", (n_embd, n_ff_exp, n_exp), etype, "normal", EXPERT_RMS, "expert")
     yield t("ffn_up_exps.weight", (n_embd, n_ff_exp, n_exp), etype, "normal", EXPERT_RMS, "expert")
     yield t("ffn_down_exps.weight", (n_ff_exp, n_embd, n_exp), etype, "normal", EXPERT_RMS, "expert")
@@ -491,8 +502,9 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         yield t("ffn_gate_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
         yield t("ffn_up_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
         yield t("ffn_down_exps.bias", (n_embd, n_exp), f32, "normal", BIAS_STD, "bias")
-    if shape.arch == ARCH_QWEN2MOE:  # the shared expert (n_ff wide) and its gate, always on the device with the layer
+    if shape.arch == ARCH_QWEN2MOE:  # the shared expert's gate
         yield t("ffn_gate_inp_shexp.weight", (n_embd,), f32, "normal", ROUTER_STD, "router")
+    if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):  # the shared expert (n_ff wide), always on the device
         yield t("ffn_gate_shexp.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_up_shexp.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_down_shexp.weight", (shape.n_ff, n_embd), etype, "normal", EXPERT_RMS, "ffn")

@@ -17,9 +17,11 @@ import numpy.typing as npt
 
 from pyllama_moe.tools.synth import routing as synth_routing
 from pyllama_moe.tools.synth.shapes import (
+    ARCH_ERNIE_MOE,
     ARCH_GPT_OSS,
     ARCH_GRANITEMOE,
     ARCH_QWEN2MOE,
+    DENSE_LEAD,
     FFN_SIZED_EXPERTS,
     GGML_TYPES,
     GRANITE_SCALES,
@@ -89,8 +91,11 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.expert_count", s.n_expert)
         writer.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
         writer.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
-    if a == ARCH_QWEN2MOE:
+    if a in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
+    if a == ARCH_ERNIE_MOE:
+        writer.add_uint32(f"{a}.interleave_moe_layer_step", 1)
+        writer.add_uint32(f"{a}.leading_dense_block_count", DENSE_LEAD[a])
     if a == ARCH_GRANITEMOE:
         for key, v in GRANITE_SCALES.items():
             writer.add_float32(f"{a}.{key}", v)
