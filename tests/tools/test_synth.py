@@ -155,7 +155,7 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     r = read(tiny_files[arch])
     s = synth.resolve_shape("tiny", arch)
     assert value(r, "general.architecture") == arch
-    assert value(r, f"{arch}.block_count") == s.n_layer == 2
+    assert value(r, f"{arch}.block_count") == s.n_layer == (4 if arch == "llama4" else 2)  # llama4: a full layer
     assert value(r, f"{arch}.embedding_length") == 64
     assert value(r, f"{arch}.attention.head_count") == 4
     assert value(r, f"{arch}.attention.head_count_kv") == (4 if arch == "olmoe" else 2)  # olmoe: no GQA
@@ -217,6 +217,10 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
         assert tuple(got["blk.1.exp_probs_b.bias"].shape) == (8,)
         assert tuple(got["blk.1.ffn_up_shexp.weight"].shape) == (64, TINY.n_ff)
+    elif arch == "llama4":  # MoE every other layer, a shared expert as wide as the experts
+        assert value(r, "llama4.interleave_moe_layer_step") == 2
+        assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
+        assert tuple(got["blk.1.ffn_up_shexp.weight"].shape) == (64, 32)
     elif arch == "olmoe":  # query and key norms over the whole width
         assert tuple(got["blk.0.attn_k_norm.weight"].shape) == (64,)
     else:  # llama with experts (Mixtral), granitemoe: neither norms nor biases in attention
@@ -492,6 +496,7 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "qwen2moe", "skew": 0.5}, "skew"),  # no router bias or value bias to steer
         ({"arch": "qwen2moe", "head_dim": 32}, r"n_head \* head_dim"),  # its attention output is n_embd square
         ({"arch": "olmoe", "n_head_kv": 2}, "n_head_kv"),
+        ({"arch": "llama4", "n_layer": 3}, "n_layer"),  # b11549 aborts without a full-attention layer
     ],
 )
 def test_bad_parameters_raise_value_error(kwargs: dict[str, Any], param: str) -> None:
@@ -588,7 +593,7 @@ def llama_lib() -> Iterator[Any]:
 
 @pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
                                            ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0),
-                                           ("ernie4_5-moe", 0.0)])
+                                           ("ernie4_5-moe", 0.0), ("llama4", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib
@@ -599,7 +604,7 @@ def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, a
     assert model != ffi.NULL
     try:
         assert lib.llama_model_n_embd(model) == TINY.n_embd
-        assert lib.llama_model_n_layer(model) == TINY.n_layer
+        assert lib.llama_model_n_layer(model) == synth.resolve_shape("tiny", arch).n_layer
         n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
         assert n_vocab == synth.vocab._load_vocab(real_vocab).n_tokens
         assert lib.llama_model_n_params(model) > 2 * n_vocab * TINY.n_embd

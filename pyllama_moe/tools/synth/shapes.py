@@ -25,12 +25,14 @@ ARCH_MIXTRAL = "llama"  # Mixtral: llama with expert tensors; the experts' width
 ARCH_GRANITEMOE = "granitemoe"  # Granite MoE: Mixtral's tensors, the embedding, residual, attention and logits scaled
 # ERNIE-4.5-MoE: a leading dense layer, a selection bias (exp_probs_b) with softmax gating, a shared expert
 ARCH_ERNIE_MOE = "ernie4_5-moe"
+ARCH_LLAMA4 = "llama4"  # Llama 4: MoE every other layer (dense between), a shared expert as wide as the experts
 ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE)
+                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4)
 MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE})
-# the leading layers whose FFN is dense (ERNIE-4.5-MoE's first; the others none)
-DENSE_LEAD: dict[str, int] = {ARCH_ERNIE_MOE: 1}
+                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4})
+# which layers' FFN is a mixture of experts: (leading dense layers, every how many layers) as the loaders read
+# leading_dense_block_count and interleave_moe_layer_step; the others: every layer
+MOE_LAYOUT: dict[str, tuple[int, int]] = {ARCH_ERNIE_MOE: (1, 1), ARCH_LLAMA4: (0, 2)}
 # the experts' width as feed_forward_length (their loaders read no expert_feed_forward_length)
 FFN_SIZED_EXPERTS: frozenset[str] = frozenset({ARCH_OLMOE, ARCH_MIXTRAL, ARCH_GRANITEMOE})
 # Granite's multipliers (Granite-3.0-MoE's: the embedding x12, each residual branch x0.22, logits / 6)
@@ -133,7 +135,8 @@ class Shape:
     @property
     def moe_layers(self) -> list[int]:
         """The layers whose FFN is a mixture of experts (none for a dense model)."""
-        return list(range(DENSE_LEAD.get(self.arch, 0), self.n_layer)) if self.is_moe else []
+        lead, step = MOE_LAYOUT.get(self.arch, (0, 1))
+        return [il for il in range(lead, self.n_layer) if (il + 1) % step == 0] if self.is_moe else []
 
     @property
     def n_embd_q(self) -> int:
@@ -179,6 +182,8 @@ class Shape:
                              f"{self.n_embd}")
         if self.arch == ARCH_OLMOE and self.n_head_kv != self.n_head:  # its key norm spans the whole width
             raise ValueError(f"{self.arch} needs n_head_kv == n_head, got {self.n_head_kv} and {self.n_head}")
+        if self.arch == ARCH_LLAMA4 and self.n_layer < 4:  # b11549 aborts without a full-attention layer (1 in 4)
+            raise ValueError(f"{self.arch} needs n_layer >= 4 (every fourth layer attends fully), got {self.n_layer}")
         if self.is_moe:
             self._validate_moe()
         else:
@@ -243,6 +248,8 @@ def resolve_shape(preset: str = "tiny", arch: str | None = None, **overrides: An
             shape = shape.replace(**{f: 0 for f in _EXPERT_FIELDS})
         if arch == ARCH_OLMOE:  # no grouped keys and values
             shape = shape.replace(n_head_kv=shape.n_head)
+        if arch == ARCH_LLAMA4:  # a full-attention layer, and MoE ones between the dense ones
+            shape = shape.replace(n_layer=max(shape.n_layer, 4))
     shape = shape.replace(**{k: v for k, v in overrides.items() if v is not None})
     shape.validate()
     return shape
@@ -428,7 +435,7 @@ def _check_blocks(shape: Shape, etype: GGMLType, dtype: GGMLType) -> None:
     """ValueError if a row of a quantized tensor is not a whole number of blocks."""
     ffn_rows = {"n_embd": shape.n_embd}
     ffn_rows.update({"n_ff_exp": shape.n_ff_exp} if shape.is_moe else {"n_ff": shape.n_ff})
-    if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):  # the shared expert, ERNIE's leading dense layer
+    if shape.arch in (ARCH_QWEN2MOE, *MOE_LAYOUT):  # a shared expert, dense layers beside the MoE ones
         ffn_rows["n_ff"] = shape.n_ff
     for name, n in ffn_rows.items():
         if n % etype.block_size:
@@ -504,7 +511,8 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         yield t("ffn_down_exps.bias", (n_embd, n_exp), f32, "normal", BIAS_STD, "bias")
     if shape.arch == ARCH_QWEN2MOE:  # the shared expert's gate
         yield t("ffn_gate_inp_shexp.weight", (n_embd,), f32, "normal", ROUTER_STD, "router")
-    if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):  # the shared expert (n_ff wide), always on the device
-        yield t("ffn_gate_shexp.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
-        yield t("ffn_up_shexp.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
-        yield t("ffn_down_shexp.weight", (shape.n_ff, n_embd), etype, "normal", EXPERT_RMS, "ffn")
+    if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE, ARCH_LLAMA4):  # the shared expert, always on the device
+        n_sh = n_ff_exp if shape.arch == ARCH_LLAMA4 else shape.n_ff
+        yield t("ffn_gate_shexp.weight", (n_embd, n_sh), etype, "normal", EXPERT_RMS, "ffn")
+        yield t("ffn_up_shexp.weight", (n_embd, n_sh), etype, "normal", EXPERT_RMS, "ffn")
+        yield t("ffn_down_shexp.weight", (n_sh, n_embd), etype, "normal", EXPERT_RMS, "ffn")

@@ -21,10 +21,10 @@ from pyllama_moe.tools.synth.shapes import (
     ARCH_GPT_OSS,
     ARCH_GRANITEMOE,
     ARCH_QWEN2MOE,
-    DENSE_LEAD,
     FFN_SIZED_EXPERTS,
     GGML_TYPES,
     GRANITE_SCALES,
+    MOE_LAYOUT,
     Plan,
     _pad,
     plan,
@@ -93,9 +93,11 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
     if a in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
-    if a == ARCH_ERNIE_MOE:
-        writer.add_uint32(f"{a}.interleave_moe_layer_step", 1)
-        writer.add_uint32(f"{a}.leading_dense_block_count", DENSE_LEAD[a])
+    if a in MOE_LAYOUT:
+        lead, step = MOE_LAYOUT[a]
+        writer.add_uint32(f"{a}.interleave_moe_layer_step", step)
+        if lead:
+            writer.add_uint32(f"{a}.leading_dense_block_count", lead)
     if a == ARCH_GRANITEMOE:
         for key, v in GRANITE_SCALES.items():
             writer.add_float32(f"{a}.{key}", v)
