@@ -271,9 +271,11 @@ class Llama:
     def close(self) -> None:
         """Free the sampler, batch, context and model (idempotent). From another thread it waits for the call
         (or the step of a stream) in progress; a stream then raises ClosedError at its next step."""
+        # set before waiting: a stream re-takes the lock right after each step (a Lock is not fair), so it has to
+        # see the flag at its next step and stop, or close() would wait for the whole stream
+        self._closed = True
         lock = getattr(self, "_lock", None)
         with lock if lock is not None else contextlib.nullcontext():
-            self._closed = True
             sampler = getattr(self, "_sampler", None)
             if sampler is not None:
                 sampler.close()
