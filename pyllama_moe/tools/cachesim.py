@@ -148,9 +148,7 @@ def simulate(topk: Routing, n_expert: int, fraction: float, predicted: Routing |
     layers = sorted(topk)
     if not layers:
         return ClockStats()
-    # the device lookup needs room for one token's experts (llama_moe_cache does not cache a smaller group)
-    k = max(topk[il].shape[1] for il in layers)
-    clock = Clock(max(k, int(round(fraction * n_expert * len(layers)))))
+    clock = Clock(_capacity(topk, n_expert, fraction))
     n_tokens = len(topk[layers[0]])
     for t in range(n_tokens):
         for il in layers:
@@ -176,7 +174,8 @@ def _lookups(topk: Routing) -> Iterator[tuple[int, int, list[int]]]:
 
 
 def _capacity(topk: Routing, n_expert: int, fraction: float) -> int:
-    """Slots of a cache of ``fraction`` of every layer's experts, at least one lookup's (as :func:`simulate`)."""
+    """Slots of a cache of ``fraction`` of every layer's experts, at least one lookup's: the device lookup needs room
+    for one token's experts (llama_moe_cache does not cache a smaller group)."""
     k = max(topk[il].shape[1] for il in topk)
     return max(k, int(round(fraction * n_expert * len(topk))))
 

@@ -167,10 +167,8 @@ def policies(rec: Recording, fractions: Sequence[float] = CACHE_FRACTIONS) -> di
     Belady's optimum (:mod:`.cachesim`) on the same lookups."""
     from pyllama_moe.tools import cachesim
 
-    out = cachesim.policies(rec.topk, rec.n_expert, fractions)
-    for f, row in zip(fractions, out.values(), strict=True):
-        row["lru"] = lru_hit_rate(rec, f)
-    return {k: {p: v[p] for p in ("lru", "clock", "class_lru", "belady")} for k, v in out.items()}
+    others = cachesim.policies(rec.topk, rec.n_expert, fractions)
+    return {k: {"lru": lru_hit_rate(rec, f), **others[k]} for f, k in zip(fractions, others, strict=True)}
 
 
 def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = None) -> dict[str, Any]:
@@ -188,8 +186,8 @@ def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = 
     if pred:
         overall["recall_k"] = float(np.mean([r[0] for r in pred.values()]))
         overall["recall_2k"] = float(np.mean([r[1] for r in pred.values()]))
-    overall["lru"] = {f"{int(f * 100)}%": lru_hit_rate(rec, f) for f in CACHE_FRACTIONS}
     overall["policies"] = policies(rec)
+    overall["lru"] = {k: v["lru"] for k, v in overall["policies"].items()}
     if routers:
         overall["clock"] = clock_with_prediction(rec, routers)
     n_tokens = len(next(iter(rec.topk.values()))) if rec.topk else 0
