@@ -12,8 +12,8 @@
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
-#   ci/gpu.sh bench-predict [args] the bench with LLAMA_MOE_CACHE_PREDICT unset and =1: all on the GPU and caches of
-#                                  25 / 50 / 80% of the experts, decode figures with the misses predicted
+#   ci/gpu.sh bench-predict [args] the bench with LLAMA_MOE_CACHE_PREDICT unset, =2 and =8: caches of 10 / 25 / 50 /
+#                                  80% of the experts, decode figures with the misses predicted
 # The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), dispersed, uniform or
 # collapsed;
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
@@ -122,9 +122,15 @@ sanitize() {
                 compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
     done
-    # the prediction's lookups and copies: shared memory races and barriers
+    # the prediction's scoring, lookups and copies: shared memory races and barriers
     for tool in racecheck synccheck; do
-        LLAMA_MOE_CACHE_PREDICT=1 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
+        LLAMA_MOE_CACHE_PREDICT=2 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
+    done
+    # the op's sequences on the device (test-moe-cache-lookup: lookups, prefetches, predictions in one graph)
+    local bin
+    bin=$(cd /tmp && "$PY" -c 'import os, pyllama_moe; print(os.path.join(os.path.dirname(pyllama_moe.__file__), "bin"))')
+    for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool $tool --error-exitcode 3 "$bin/test-moe-cache-lookup"
     done
 }
 
@@ -136,9 +142,9 @@ bench() {  # the bench writes the models itself where they are absent
     echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
 }
 
-bench_predict() {  # the bench with the prediction of the next layer's experts unset (off) and on
-    bench --setups gpu,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=1 --pp 512 --ub 512 --tg 128 \
-        --no-native "$@"
+bench_predict() {  # the bench with the prediction of the next MoE layer's experts unset (off), at most 2 and 8 copies
+    bench --setups cache-10,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=2 \
+        --switch LLAMA_MOE_CACHE_PREDICT=8 --pp 512 --ub 512 --tg 128 --no-native "$@"
 }
 
 tests() {  # the GPU-marked tests, with the arguments for pytest

@@ -392,7 +392,7 @@ class Llama:
         cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
         ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
         the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
-        ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=1``): the experts the device lookups prefetched for the next
+        ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=N``): the experts the device lookups prefetched for the next
         layer's predicted routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in
         ``device`` hits) and those evicted unused (``wasted``).
         """

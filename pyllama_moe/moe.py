@@ -301,7 +301,7 @@ _PATHS = ("small", "large", "device")
 # as_dict's groups past the lookup paths, key -> C field: experts copied for large ubatches; the prefetch of large
 # ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off); the seeds from the experts staged for the last large
 # ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off), checked slots with LLAMA_MOE_CACHE_SEED_CHECK=1; the experts the
-# device lookups prefetched for the next layer's predicted routing (LLAMA_MOE_CACHE_PREDICT=1), those a lookup then
+# device lookups prefetched for the next layer's predicted routing (LLAMA_MOE_CACHE_PREDICT=N), those a lookup then
 # found, those evicted unused
 _GROUPS = {
     "copied": {"experts": "n_copied", "bytes": "bytes_copied"},

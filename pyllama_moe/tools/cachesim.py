@@ -4,9 +4,9 @@ it could have: Belady's optimum and upstream's recency-frequency classes.
 One CLOCK over the slots of every layer's experts, looked up token by token and layer by layer as a decode step
 looks it up, by the rules of ``GGML_OP_MOE_CACHE_LOOKUP`` (``ggml.h``): a lookup pins the slots of its experts for its
 epoch, and each miss takes the first slot from the hand that is neither pinned nor referenced, clearing the reference
-bits it passes. With the prediction (``LLAMA_MOE_CACHE_PREDICT=1``), after the lookup of layer l the experts that
-layer l + 1's router selects on layer l's router input are prefetched: in the epoch of that lookup, into slots that
-start unreferenced; the lookup of layer l + 1 then finds those it selects.
+bits it passes. With the prediction (``LLAMA_MOE_CACHE_PREDICT=N``), after the lookup of layer l the experts that the
+next MoE layer's router selects on layer l's router input are prefetched, best first and at most N of those missing:
+in the epoch of that lookup, into slots that start unreferenced; the lookup of that layer then finds those it selects.
 
 Two other policies over the same lookups bound what a better policy could still buy:
 
@@ -86,8 +86,9 @@ class Clock:
             return s
         return None
 
-    def lookup(self, keys: list[Key], prefetch: bool = False) -> None:
-        """The distinct ``keys`` of one layer, in ascending expert order; a prefetch copies those it finds room for."""
+    def lookup(self, keys: list[Key], prefetch: bool = False, budget: int | None = None) -> None:
+        """The distinct ``keys`` of one layer, in ascending expert order (a prefetch: best first); a prefetch copies
+        those it finds room for, at most ``budget`` of its misses."""
         st = self.stats
         if not prefetch:
             self.epoch += 1
@@ -105,7 +106,7 @@ class Clock:
             if self.prefetched[s]:
                 self.prefetched[s] = False
                 st.used += 1
-        for k in misses:
+        for k in misses[:budget]:
             s = self._take()
             if s is None:
                 if prefetch:
@@ -128,34 +129,37 @@ class Clock:
 
 def predicted_topk(topk: Routing, router_in: Mapping[int, npt.NDArray[np.float32]],
                    routers: Mapping[int, npt.NDArray[np.float32]]) -> dict[int, npt.NDArray[np.integer]]:
-    """Per layer l + 1 that has a router and a layer l recorded before it: the top-K of its router (``[n_expert,
-    n_embd]``) applied to layer l's router input (``[n_tokens, n_embd]``), for every token (``[n_tokens, K]``)."""
+    """Per recorded MoE layer b that has a router, with the MoE layer a recorded before it (dense layers between are
+    skipped, as the device's prediction does): the top-K of b's router (``[n_expert, n_embd]``) applied to a's router
+    input (``[n_tokens, n_embd]``), best first (ties: the lower expert), for every token (``[n_tokens, K]``)."""
     out: dict[int, npt.NDArray[np.integer]] = {}
     layers = sorted(topk)
     for a, b in zip(layers, layers[1:], strict=False):
-        if b != a + 1 or a not in router_in or b not in routers:
+        if a not in router_in or b not in routers:
             continue
         k = topk[b].shape[1]
         logits = router_in[a] @ routers[b].T  # [n_tokens, n_expert]
-        out[b] = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+        out[b] = np.argsort(-logits, axis=1, kind="stable")[:, :k]
     return out
 
 
-def simulate(topk: Routing, n_expert: int, fraction: float, predicted: Routing | None = None) -> ClockStats:
+def simulate(topk: Routing, n_expert: int, fraction: float, predicted: Routing | None = None,
+             budget: int | None = None) -> ClockStats:
     """The device lookup of a cache holding ``fraction`` of all the layers' experts over the routing ``topk``,
     decoded one token at a time; with ``predicted`` (:func:`predicted_topk`), each lookup of layer l is followed by
-    the prefetch of ``predicted[l + 1]``."""
+    the prefetch of ``predicted[next]`` for the next recorded layer, at most ``budget`` of its misses."""
     layers = sorted(topk)
     if not layers:
         return ClockStats()
     clock = Clock(_capacity(topk, n_expert, fraction))
     n_tokens = len(topk[layers[0]])
     for t in range(n_tokens):
-        for il in layers:
+        for i, il in enumerate(layers):
             clock.lookup([(il, e) for e in sorted(set(topk[il][t].tolist()))])
-            nxt = predicted.get(il + 1) if predicted else None
+            nl = layers[i + 1] if i + 1 < len(layers) else -1
+            nxt = predicted.get(nl) if predicted else None
             if nxt is not None:
-                clock.lookup([(il + 1, e) for e in sorted(set(nxt[t].tolist()))], prefetch=True)
+                clock.lookup([(nl, e) for e in dict.fromkeys(nxt[t].tolist())], prefetch=True, budget=budget)
     clock.stats.n_tokens = n_tokens
     return clock.stats
 

@@ -15,8 +15,9 @@ The experts each layer selects for every token are recorded through llama.cpp's 
 - prediction: the recall of layer l+1's experts by layer l+1's router applied to layer l's router input (top-K, and
   within the top 2K), the figure a prefetch of the next layer's experts is built on;
 - the MoE cache's device lookup (its CLOCK, :mod:`.cachesim`) of 10 / 25 / 50 / 80% of all experts replayed on the
-  recording without and with that prefetch (``LLAMA_MOE_CACHE_PREDICT=1``): hit rates, the share of the misses the
-  prefetch copied ahead, and the experts it copies per token, in all and for nothing;
+  recording without and with that prefetch (as ``LLAMA_MOE_CACHE_PREDICT=2`` makes it: :data:`PREDICT_BUDGET`
+  copies per layer at most): hit rates, the share of the misses the prefetch copied ahead, and the experts it copies
+  per token, in all and for nothing;
 - the headroom of a better policy: at the same sizes, the hit rates of LRU, the device lookup's CLOCK, the
   recency-frequency classes upstream moved to after our pin and Belady's optimum, which knows the future;
 - with ``--compare``: the figures trained MoE models measure (:mod:`.routing_refs`, with their sources) beside this
@@ -50,6 +51,8 @@ __all__ = ["CACHE_FRACTIONS", "Recording", "cache_hit_rates", "format_report", "
            "stdlib_text"]
 
 CACHE_FRACTIONS = (0.10, 0.25, 0.50, 0.80)
+# the prediction replayed as the device makes it with LLAMA_MOE_CACHE_PREDICT=2: at most 2 copies per layer and token
+PREDICT_BUDGET = 2
 
 
 # ---------------------------------------------------------------- statistics (numpy only)
@@ -154,7 +157,7 @@ def clock_with_prediction(rec: Recording, routers: dict[int, npt.NDArray[np.floa
     out = {}
     for f in fractions:
         off = cachesim.simulate(rec.topk, rec.n_expert, f)
-        on = cachesim.simulate(rec.topk, rec.n_expert, f, predicted)
+        on = cachesim.simulate(rec.topk, rec.n_expert, f, predicted, budget=PREDICT_BUDGET)
         n = max(on.n_tokens, 1)
         out[f"{int(f * 100)}%"] = {"hit_rate": off.hit_rate, "hit_rate_predicted": on.hit_rate,
                                    "misses_predicted": on.misses_predicted, "predicted_per_token": on.predicted / n,

@@ -68,8 +68,9 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1): after the lookup of layer l, the experts that layer l + 1's
-    # router picks on layer l's input are copied on a stream of their own, and the lookup of layer l + 1 finds them.
+    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer): after the lookup of layer l, the experts
+    # that the next MoE layer's router picks on layer l's input are scored and copied on a stream of their own, and
+    # that layer's lookup finds them.
     # Only what the slots hold changes: 128 greedy tokens and their logits are those without the prediction, byte for
     # byte, with a cache that evicts at every step (32 KiB) and one that holds every expert
     monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "1")

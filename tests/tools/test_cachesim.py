@@ -62,6 +62,37 @@ def test_a_wrong_prediction_is_wasted_and_hides_nothing() -> None:
     assert on.predicted - on.wasted <= 2 * 4  # at most the last predictions of each layer are still cached
 
 
+def test_a_prediction_copies_its_best_misses_first_and_no_more_than_its_budget() -> None:
+    clock = Clock(8)
+    clock.lookup([(0, 0), (0, 1)])
+    # best first: expert 7, then 3 (already cached: pinned, not copied), then 5 and 2; a budget of 2 copies 7 and 5
+    clock.lookup([(1, 3)])
+    clock.lookup([(0, 0)])
+    clock.lookup([(1, 7), (1, 3), (1, 5), (1, 2)], prefetch=True, budget=2)
+    assert clock.stats.predicted == 2 and {(1, 7), (1, 5)} <= set(clock.slot_of) and (1, 2) not in clock.slot_of
+    # over a recording: never more copies than the budget per layer and token
+    rec = recording(200, 4, 16, 4, seed=3)
+    predicted = predicted_topk(rec.topk, rec.router_in, perfect_routers(rec))
+    for budget in (1, 2):
+        on = simulate(rec.topk, rec.n_expert, 0.25, predicted, budget=budget)
+        assert 0 < on.predicted <= budget * 3 * 200
+    assert simulate(rec.topk, rec.n_expert, 0.25, predicted, budget=1).predicted < \
+        simulate(rec.topk, rec.n_expert, 0.25, predicted).predicted
+
+
+def test_the_prediction_targets_the_next_recorded_moe_layer() -> None:
+    # layers 0, 2, 4 are MoE (1 and 3 dense, as in Llama 4): layer 0's input predicts layer 2, 2's predicts 4
+    rec = recording(50, 5, 16, 4, seed=4)
+    x = np.random.default_rng(5).standard_normal((50, 16)).astype(np.float32)
+    moe = Recording(rec.n_expert, {il: rec.topk[il] for il in (0, 2, 4)}, {0: x, 2: -x})
+    routers = {il: np.eye(rec.n_expert, dtype=np.float32) for il in (2, 4)}
+    predicted = predicted_topk(moe.topk, moe.router_in, routers)
+    assert sorted(predicted) == [2, 4]
+    # best first: the largest of each token's inputs, in order
+    assert (predicted[2] == np.argsort(-x, axis=1, kind="stable")[:, :4]).all()
+    assert (predicted[4] == np.argsort(x, axis=1, kind="stable")[:, :4]).all()
+
+
 def test_a_prefetch_never_takes_the_slots_of_the_lookup_before_it() -> None:
     clock = Clock(4)
     clock.lookup([(0, 0), (0, 1), (0, 2), (0, 3)])

@@ -89,7 +89,7 @@ def decode_hits(before: Stats, after: Stats) -> dict[str, float]:
         return {}
     hits, misses = d.hits("device", "small")
     res = {"hits": hits, "misses": misses, "hit_rate": 100.0 * hits / max(hits + misses, 1)}
-    if d.n_predicted:  # LLAMA_MOE_CACHE_PREDICT=1: the misses its prefetches turned into hits, the bytes for nothing
+    if d.n_predicted:  # LLAMA_MOE_CACHE_PREDICT=N: the misses its prefetches turned into hits, the bytes for nothing
         expert_mib = d.bytes_predicted / d.n_predicted / 2**20
         res.update(predicted=d.n_predicted, predicted_used=d.n_predicted_used,
                    hidden=100.0 * d.n_predicted_used / max(d.n_predicted_used + misses, 1),
