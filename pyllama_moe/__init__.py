@@ -21,7 +21,10 @@ def _version() -> str:
 
 __version__ = _version()
 
-__all__ = [
+# what ``from pyllama_moe import *`` gives besides the names of ``_STAR`` and ``_SUBMODULES``: ``__all__`` itself is
+# built on first use (module ``__getattr__``), since the low-level names are known only once the native library is
+# loaded
+_PUBLIC = [
     "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaDiskCache", "LlamaError", "LlamaGrammar",
     "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError", "MoeCacheStats",
     "StoppingCriteriaList", "__version__", "bin_file", "data_file",
@@ -52,18 +55,58 @@ _LAZY = {
 # models and the low-level llama.h names (``llama_cpp``), looked up in that order
 _STAR = ("pyllama_moe.llama_types", "pyllama_moe.llama_speculative", "pyllama_moe.llama_cpp")
 
+# llama-cpp-python's submodules that ``import llama_cpp`` binds (its ``__init__`` imports them): attributes of the
+# package on first use, as ``pyllama_moe.llama_cpp.llama_backend_init()`` is written
+_SUBMODULES = ("llama", "llama_cache", "llama_chat_format", "llama_cpp", "llama_grammar", "llama_speculative",
+               "llama_tokenizer", "llama_types")
+
+
+def _own_names(mod: Any) -> list[str]:
+    """The public names of a module without ``__all__``, less those it imports from outside the package (``Any``,
+    ``np``)."""
+    out = []
+    for name, value in vars(mod).items():
+        if name.startswith("_") or isinstance(value, type(sys)):
+            continue
+        home = sys.modules.get(getattr(value, "__module__", None) or "")
+        if home is not None and home is not mod and not home.__name__.startswith("pyllama_moe") \
+                and getattr(home, name, None) is value:
+            continue
+        out.append(name)
+    return out
+
+
+def _star_names() -> list[str]:
+    """``__all__``: what ``from llama_cpp import *`` gives (its public names, the low-level ones included)."""
+    import importlib
+
+    names = dict.fromkeys([*_PUBLIC, *_SUBMODULES])
+    for star in _STAR:
+        mod = importlib.import_module(star)
+        names.update(dict.fromkeys(getattr(mod, "__all__", None) or _own_names(mod)))
+    return list(names)
+
 
 def __getattr__(name: str) -> Any:
     import importlib
+    import importlib.util
 
     module = _LAZY.get(name)
     if module is not None:
         return getattr(importlib.import_module(module), name)
-    if not name.startswith("_"):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"pyllama_moe.{name}")  # the import binds it here too
+    if name == "__all__":
+        globals()["__all__"] = names = _star_names()
+        return names
+    if not name.startswith("_") and importlib.util.find_spec(f"pyllama_moe.{name}") is None:
+        # (a submodule not imported yet is not looked for in _STAR: ``from pyllama_moe import backend`` then imports
+        # it without loading the low-level module)
         for star in _STAR:
             mod = importlib.import_module(star)
             if hasattr(mod, name):
-                return getattr(mod, name)
+                globals()[name] = value = getattr(mod, name)  # found once: llama_decode in a loop stays cheap
+                return value
     raise AttributeError(f"module 'pyllama_moe' has no attribute {name!r}")
 
 
