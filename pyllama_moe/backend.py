@@ -3,7 +3,8 @@
 llama.cpp logs through one process-wide callback; it is installed by ``init()`` (the first model
 load or an explicit call), never at import. Messages go to the ``pyllama_moe`` logger at the
 matching level, so ``logging.getLogger("pyllama_moe").setLevel(...)`` (or ``Llama(verbose=False)``)
-decides what is shown.
+decides what is shown. A program that sets its own callback (``llama_cpp.llama_log_set``, through
+``set_log``) keeps it: ``init()`` then installs no bridge.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _ready = False
 _local = threading.local()  # .quiet: depth of verbosity(False) blocks on this thread
 _partial: list[str] = []  # a line that llama.cpp sends in pieces (GGML_LOG_LEVEL_CONT)
 _last_level = logging.INFO
+# what llama_cpp.llama_log_set installed instead of the bridge (kept alive while C may call it); None: the bridge
+_user_log: tuple[Any, ...] | None = None
 
 _LEVELS = {
     lib.GGML_LOG_LEVEL_NONE: logging.INFO,
@@ -148,9 +151,19 @@ def init() -> None:
     with _lock:
         if _ready:
             return
-        lib.llama_log_set(lib.pyllama_moe_log_callback, ffi.NULL)
+        if _user_log is None:
+            lib.llama_log_set(lib.pyllama_moe_log_callback, ffi.NULL)
         lib.llama_backend_init()
         _ready = True
+
+
+def set_log(callback: Any, user_data: Any, keep: object) -> None:
+    """``llama_log_set`` of :mod:`pyllama_moe.llama_cpp`: the caller's callback replaces the bridge to ``logging``,
+    now and at ``init()``; ``keep`` (what the C pointers point into) lives until the next call."""
+    global _user_log
+    with _lock:
+        lib.llama_log_set(callback, user_data)
+        _user_log = (callback, user_data, keep)
 
 
 def system_info() -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,11 @@ def test_every_llama_function_and_constant_of_lib_is_exported() -> None:
     names = [n for n in dir(lib) if n.startswith(("llama_", "LLAMA_", "GGML_"))]
     assert len(names) > 400
     for n in names:
-        assert getattr(llama_cpp, n) is getattr(lib, n) or getattr(llama_cpp, n) == getattr(lib, n), n
+        ours, theirs = getattr(llama_cpp, n), getattr(lib, n)
+        if callable(theirs) and n != "llama_log_set":  # functions: lib's, or lib's called with converted values
+            assert ours is theirs or ours.__wrapped__ is theirs, n
+        elif not callable(theirs):
+            assert ours == theirs, n
         assert n in llama_cpp.__all__
 
 
@@ -36,7 +43,9 @@ def test_constants_and_types() -> None:
     assert llama_cpp.LLAMA_TOKEN_NULL == -1
     assert llama_cpp.LLAMA_VOCAB_TYPE_BPE == lib.LLAMA_VOCAB_TYPE_BPE
     assert llama_cpp.GGML_TYPE_F16 == lib.GGML_TYPE_F16
-    assert llama_cpp.llama_token is int
+    assert llama_cpp.llama_token is ctypes.c_int32  # as llama-cpp-python declares it: (llama_token * n)() is an array
+    assert llama_cpp.llama_pos is llama_cpp.llama_seq_id is ctypes.c_int32
+    assert llama_cpp.c_bool is ctypes.c_bool and llama_cpp.ctypes is ctypes
     assert llama_cpp.ffi is ffi
 
 
@@ -90,6 +99,30 @@ def test_every_struct_with_a_layout_has_a_constructor() -> None:
     assert llama_cpp.llama_chat_message(role=ffi.NULL).content == ffi.NULL
 
 
+def test_structs_read_like_ctypes_structures() -> None:
+    # positional fields in C order, as a ctypes Structure takes them; (T * n)() an array of n
+    data = llama_cpp.llama_token_data(7, 2.5, 0.0)
+    assert (data.id, data.logit) == (7, 2.5)
+    candidates = (llama_cpp.llama_token_data * 3)(llama_cpp.llama_token_data(1, 0.5, 0.0), data)
+    assert ffi.typeof(candidates) is ffi.typeof("llama_token_data[3]")
+    assert [c.id for c in candidates] == [1, 7, 0]
+    arr = llama_cpp.llama_token_data_array(candidates, 3, -1, False)
+    sampler = llama_cpp.llama_sampler_init_greedy()
+    try:
+        llama_cpp.llama_sampler_apply(sampler, llama_cpp.byref(arr))
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    assert arr.data[arr.selected].id == 7
+    with pytest.raises(TypeError, match="has no field nope"):
+        llama_cpp.llama_token_data(nope=1)
+    with pytest.raises(TypeError, match="got field 'id' twice"):
+        llama_cpp.llama_token_data(1, id=2)
+    with pytest.raises(TypeError, match="at most 3 fields"):
+        llama_cpp.llama_token_data(1, 2, 3, 4)
+    with pytest.raises(IndexError):
+        (llama_cpp.llama_token_data * 1)(data, data)
+
+
 def test_tokenize_a_vocab_like_llama_cpp_python_code() -> None:
     if not QWEN2.is_file():
         pytest.skip("no vendored vocabulary")
@@ -121,5 +154,37 @@ def test_callbacks() -> None:
 
     assert ffi.typeof(progress) is ffi.typeof("llama_progress_callback")
     assert progress(0.5, ffi.NULL) is True and seen == [0.5]
-    log = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+    got: list[tuple[int, bytes, object]] = []
+    log = llama_cpp.llama_log_callback(lambda level, text, user_data: got.append((level, text, user_data)))
     assert ffi.typeof(log) is ffi.typeof("ggml_log_callback")
+    log(2, ffi.new("char[]", b"loaded\n"), ffi.NULL)
+    assert got == [(2, b"loaded\n", None)]  # as a ctypes CFUNCTYPE(None, c_int, c_char_p, c_void_p) receives them
+
+
+# a fresh interpreter: what ``import pyllama_moe as llama_cpp`` binds, and what it loads
+FRESH = '''
+import sys
+import pyllama_moe as llama_cpp
+assert "pyllama_moe._cffi" not in sys.modules and "pyllama_moe.llama_cpp" not in sys.modules  # import stays cheap
+import pyllama_moe.llama
+assert "pyllama_moe.llama_cpp" not in sys.modules  # nor does the Llama class load the low-level module
+low = llama_cpp.llama_cpp
+assert low is sys.modules["pyllama_moe.llama_cpp"]
+assert llama_cpp.llama_chat_format is sys.modules["pyllama_moe.llama_chat_format"]
+assert llama_cpp.llama_print_system_info().decode().startswith("PATCH_SERIES")
+assert llama_cpp.llama_backend_init is low.llama_backend_init
+namespace = {}
+exec("from pyllama_moe import *", namespace)
+for name in ("Llama", "LlamaGrammar", "llama_cpp", "llama_types", "llama_backend_init", "llama_token",
+             "LLAMA_TOKEN_NULL", "llama_log_set", "CreateCompletionResponse", "LlamaPromptLookupDecoding", "c_bool"):
+    assert name in namespace, name
+assert namespace["llama_tokenize"] is low.llama_tokenize
+assert "np" not in namespace and "Any" not in namespace and "annotations" not in namespace
+print("ok")
+'''
+
+
+def test_the_package_binds_llama_cpp_lazily() -> None:
+    res = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "ok"

@@ -157,10 +157,10 @@ def last_logits(llm: Llama) -> npt.NDArray[np.float32]:
     """A copy of the logits of the last decode's last output (``llama_get_logits_ith(ctx, -1)``)."""
     from pyllama_moe import LlamaError, llama_cpp
 
-    p = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-    if p == llama_cpp.ffi.NULL:
+    p = llama_cpp.llama_get_logits_ith(llm.ctx, -1)  # a ctypes float pointer, as in llama-cpp-python
+    if not p:
         raise LlamaError("no logits for output -1")
-    return np.frombuffer(llama_cpp.ffi.buffer(p, 4 * llm.n_vocab()), dtype=np.float32).copy()
+    return np.ctypeslib.as_array(p, shape=(llm.n_vocab(),)).copy()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
