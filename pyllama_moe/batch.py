@@ -36,7 +36,7 @@ class Batch:
 
     def set_seq(self, seq_id: int) -> None:
         """Every token of the batch in sequence ``seq_id``."""
-        p = self._p
+        p = check_closed(self._p, "batch")
         for i in range(self.capacity):
             p.seq_id[i][0] = seq_id
 
@@ -56,7 +56,7 @@ class Batch:
 
     def set_one(self, token: int, pos: int) -> None:
         """One token with its output: the generation step."""
-        p = self._p
+        p = check_closed(self._p, "batch")
         p.n_tokens = 1
         p.token[0] = token
         p.pos[0] = pos

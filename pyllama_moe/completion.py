@@ -22,7 +22,7 @@ from pyllama_moe.errors import ContextLengthError
 from pyllama_moe.llama_types import CompletionLogprobs, LlamaState, LogitsProcessorList, StoppingCriteriaList
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.session import Session, logits_to_logprobs
-from pyllama_moe.vocab import BaseLlamaTokenizer, Vocab
+from pyllama_moe.vocab import BaseLlamaTokenizer, Vocab, token_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyllama_moe.llama_speculative import LlamaDraftModel
@@ -141,11 +141,7 @@ def prompt_tokens(vocab: Vocab, prompt: str | Sequence[int], suffix: str | None,
         return vocab.tokenize(text.encode("utf-8"), False, special)
 
     if not isinstance(prompt, str):
-        tokens = [int(t) for t in prompt]
-        bad = [t for t in tokens if not 0 <= t < vocab.n_tokens]
-        if bad:
-            raise ValueError(f"prompt: tokens {bad[:5]} are not in the vocabulary (0..{vocab.n_tokens - 1})")
-        return tokens
+        return token_array("prompt", prompt, vocab.n_tokens).tolist()
     bos = [vocab.bos()] if vocab.add_bos() and vocab.bos() != -1 else []
     eos = [vocab.sep() if vocab.sep() != -1 else vocab.eos()] if (vocab.add_eos() or vocab.sep() != -1) else []
     text = tokenize(prompt, suffix is None) if prompt else []

@@ -23,12 +23,13 @@ from pyllama_moe.errors import (
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.model import Model
 from pyllama_moe.moe import MoeCacheStats
-from pyllama_moe.params import ContextParams
+from pyllama_moe.params import ContextParams, check_threads
 
 
 class Context:
     def __init__(self, model: Model, params: ContextParams, *, verbose: bool = True) -> None:
         self._ptr: Any = None
+        self._mem: Any = None
         self._abort: Any = None
         self.model = model  # freed after this context
         self.verbose = verbose
@@ -51,6 +52,7 @@ class Context:
 
     def close(self) -> None:
         ptr, self._ptr = self._ptr, None
+        self._mem = None  # the context's memory goes with it
         if ptr is not None:
             with backend.verbosity(self.verbose):
                 lib.llama_free(ptr)
@@ -78,7 +80,8 @@ class Context:
         return int(lib.llama_pooling_type(self.ptr))
 
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
+        lib.llama_set_n_threads(self.ptr, check_threads("n_threads", n_threads),
+                                check_threads("n_threads_batch", n_threads_batch))
 
     # compute
     def decode(self, batch: Batch) -> None:
@@ -108,8 +111,7 @@ class Context:
     @property
     def memory(self) -> Any:
         """The context's ``llama_memory_t`` (owned by the context): raises once the context is closed."""
-        self.ptr  # noqa: B018 - raises once closed
-        return self._mem
+        return check_closed(self._mem, "context")
 
     def memory_clear(self, data: bool = True) -> None:
         lib.llama_memory_clear(self.memory, data)

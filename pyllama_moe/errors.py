@@ -29,6 +29,11 @@ class ModelNotFoundError(ModelLoadError, ValueError, FileNotFoundError):
     """
 
 
+class RpcServerError(LlamaError, ValueError, ConnectionError):
+    """A server of ``rpc_servers`` does not answer: a ``ValueError`` naming the argument (what llama-cpp-python raises
+    for a model it cannot load) and a ``ConnectionError`` (the cause)."""
+
+
 class ContextError(LlamaError):
     """A context could not be created (out of memory, bad parameters)."""
 

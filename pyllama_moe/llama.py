@@ -26,7 +26,15 @@ from pyllama_moe.errors import ClosedError
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 from pyllama_moe.model import LoraAdapter, Model, model_path_str
-from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int, load_mode, load_mode_name
+from pyllama_moe.params import (
+    ContextParams,
+    ModelParams,
+    check_bool,
+    check_float,
+    check_int,
+    load_mode,
+    load_mode_name,
+)
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.session import Session, logits_to_logprobs
 from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer
@@ -165,7 +173,9 @@ class Llama:
             rpc.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
         self.model_path = model_path_str(model_path)
         self.tensor_split, self.kv_overrides = tensor_split, kv_overrides
-        self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
+        if lora_path is not None:
+            lora_path = model_path_str(lora_path, "lora_path")
+        self.lora_base, self.lora_scale, self.lora_path = lora_base, check_float("lora_scale", lora_scale), lora_path
         self.last_n_tokens_size = check_int("last_n_tokens_size", last_n_tokens_size, -1)
         self.spm_infill = spm_infill
         seed = check_int("seed", seed, -(2**63), 2**64 - 1)  # the session keeps it from here
@@ -573,9 +583,12 @@ class Llama:
     def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
               return_count: bool = False) -> Any:
         """Embeddings of a text or texts: a vector per text, or per token with pooling none."""
+        texts = [input] if isinstance(input, str) else input
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"input must be a string or a list of strings, got {input!r:.200}")
         if not self.context_params.ptr.embeddings:
             raise RuntimeError("Llama model must be created with embedding=True to call this method")
-        data, total = self._session.embed([input] if isinstance(input, str) else list(input), normalize, truncate)
+        data, total = self._session.embed(list(texts), normalize, truncate)
         out = data[0] if isinstance(input, str) else data
         return (out, total) if return_count else out
 

@@ -17,10 +17,10 @@ from pyllama_moe.vocab import Vocab
 GGUF_MAGIC = b"GGUF"
 
 
-def model_path_str(path: Any) -> str:
-    """A model path given as str, bytes or os.PathLike, as a str (bytes that are not UTF-8 survive os.fsencode)."""
+def model_path_str(path: Any, name: str = "model_path") -> str:
+    """A path given as str, bytes or os.PathLike, as a str (bytes that are not UTF-8 survive os.fsencode)."""
     if not isinstance(path, (str, bytes, os.PathLike)):
-        raise ValueError(f"model_path must be a path (str, bytes or os.PathLike), got {path!r}")
+        raise ValueError(f"{name} must be a path (str, bytes or os.PathLike), got {path!r}")
     return os.fsdecode(path)
 
 
@@ -105,6 +105,12 @@ class Model:
             check_ptr(ptr, ModelLoadError, f"loading {self.path} was cancelled by the progress callback")
         self._ptr = check_ptr(ptr, ModelLoadError, f"cannot load the model {self.path}", since=mark)
         self.vocab = Vocab(self)
+        bad = {k: v for k, v in params.token_overrides.items() if v >= self.vocab.n_tokens}
+        if bad:
+            self.close()
+            k, v = next(iter(bad.items()))
+            raise ValueError(f"kv_overrides[{k!r}]: token {v} is not in the model's vocabulary "
+                             f"(0..{self.vocab.n_tokens - 1})")
 
     @property
     def ptr(self) -> Any:
@@ -113,6 +119,9 @@ class Model:
     def close(self) -> None:
         ptr, self._ptr = self._ptr, None
         if ptr is not None:
+            vocab = getattr(self, "vocab", None)
+            if vocab is not None:
+                vocab.close()  # the model owns it: its pointer dies with the model
             lib.llama_model_free(ptr)
 
     def __del__(self) -> None:
@@ -186,6 +195,7 @@ class Model:
         return self.vocab.eos()
 
     def n_vocab(self) -> int:
+        self.ptr  # noqa: B018 - raises once closed, as every other accessor
         return self.vocab.n_tokens
 
 

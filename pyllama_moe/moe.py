@@ -275,6 +275,7 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
     the load mode the cache wants. Writes the parameters through their setters only."""
     if not isinstance(fit_memory, bool):
         raise ValueError(f"fit must be True or False, got {fit_memory!r}")
+    _margins(fit_target_mib)  # checked when no fit reads it too: a bad value is not passed over in silence
     cache = cache_size(moe_cache_mib)
     if isinstance(cache, int):  # before the fit, which counts it
         cparams.set_moe_cache_size(cache)

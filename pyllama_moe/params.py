@@ -22,6 +22,7 @@ LOAD_MODES = {
 }
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 KV_KEY_MAX = 127  # struct llama_model_kv_override: char key[128], char val_str[128]
+TOKEN_ID_SUFFIX = "_token_id"  # GGUF keys of special token ids (tokenizer.ggml.bos_token_id, ...)
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -110,6 +111,7 @@ class ModelParams:
         check_tensors: bool = False,
     ) -> None:
         self._keep: list[Any] = []
+        self.token_overrides: dict[str, int] = {}  # the kv_overrides of token ids, checked against the vocabulary
         p = self.ptr = ffi.new("struct llama_model_params *", lib.llama_model_default_params())
         p.n_gpu_layers = check_int("n_gpu_layers", n_gpu_layers, -(2**31), 2**31 - 1)
         p.split_mode = _enum("split_mode", split_mode, SPLIT_MODES)
@@ -178,6 +180,8 @@ class ModelParams:
             if isinstance(v, bool):
                 arr[i].tag, arr[i].val_bool = lib.LLAMA_KV_OVERRIDE_TYPE_BOOL, v
             elif isinstance(v, int):
+                if k.endswith(TOKEN_ID_SUFFIX):  # a token id: llama.cpp logs one outside the vocabulary, and ignores it
+                    self.token_overrides[k] = check_int(f"kv_overrides[{k!r}]", v, 0, 2**31 - 1)
                 value = check_int(f"kv_overrides[{k!r}]", v, -(2**63), 2**63 - 1)
                 arr[i].tag, arr[i].val_i64 = lib.LLAMA_KV_OVERRIDE_TYPE_INT, value
             elif isinstance(v, float):
@@ -187,6 +191,8 @@ class ModelParams:
             else:
                 raise ValueError(f"kv_overrides[{k!r}] must be a bool, int, float or a string of at most "
                                  f"{KV_KEY_MAX} bytes, got {v!r}")
+            if k.endswith(TOKEN_ID_SUFFIX) and not (isinstance(v, int) and not isinstance(v, bool)):
+                raise ValueError(f"kv_overrides[{k!r}] is a token id: it must be an integer, got {v!r}")
         self._keep.append(arr)
         self.ptr.kv_overrides = arr
 
@@ -217,6 +223,23 @@ class ModelParams:
         self.ptr.progress_callback = lib.pyllama_moe_progress_callback
         self.ptr.progress_callback_user_data = handle
         self._keep.append(handle)
+
+
+def max_threads() -> int:
+    """The most threads ``n_threads`` / ``n_threads_batch`` may ask for: four per logical CPU of the machine (more
+    only starve one another), and never more than ggml's ``GGML_MAX_N_THREADS`` (512: its per-thread arrays end
+    there, and a larger count made the first decode overrun them and end the process)."""
+    return min(int(lib.GGML_MAX_N_THREADS), 4 * (os.cpu_count() or 1))
+
+
+def check_threads(name: str, value: Any) -> int:
+    """A thread count, 1..max_threads(): ValueError naming the keyword otherwise."""
+    check_int(name, value)
+    limit = max_threads()
+    if not 1 <= value <= limit:
+        raise ValueError(f"{name} must be in 1..{limit} (4 per CPU of this machine, at most GGML_MAX_N_THREADS), "
+                         f"got {value}")
+    return int(value)
 
 
 def _allowed_cpus() -> set[int]:
@@ -288,8 +311,8 @@ class ContextParams:
         cpus = len(_allowed_cpus()) or os.cpu_count() or 1
         # generation: one thread per physical core (llama.cpp's default; llama-cpp-python's half of the logical
         # CPUs is the same number on a machine with two threads per core, half of it without SMT), batches: all
-        p.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None else physical_cores()
-        p.n_threads_batch = check_int("n_threads_batch", n_threads_batch, 1) if n_threads_batch is not None else cpus
+        p.n_threads = check_threads("n_threads", n_threads) if n_threads is not None else physical_cores()
+        p.n_threads_batch = check_threads("n_threads_batch", n_threads_batch) if n_threads_batch is not None else cpus
         if rope_scaling_type is not None:
             p.rope_scaling_type = check_int("rope_scaling_type", rope_scaling_type, -1,
                                             lib.LLAMA_ROPE_SCALING_TYPE_MAX_VALUE)

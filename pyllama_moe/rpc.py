@@ -9,7 +9,9 @@ import threading
 from typing import Any
 
 from pyllama_moe import backend
+from pyllama_moe.errors import RpcServerError
 from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.params import check_threads
 
 _lock = threading.Lock()
 _rpc_servers: set[str] = set()
@@ -24,14 +26,15 @@ def _check_reachable(endpoint: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
     except OSError as e:
-        raise ConnectionError(f"rpc_servers: no llama.cpp RPC server answers at {endpoint} ({e})") from e
+        raise RpcServerError(f"rpc_servers: no llama.cpp RPC server answers at {endpoint} ({e})") from e
 
 
 def add_rpc_servers(servers: str | list[str]) -> None:
     """Make the devices of llama.cpp RPC servers (``host:port``, a list or a comma list) usable.
 
     As llama.cpp's ``--rpc``: each server's devices join the registry, and models then place
-    layers on them like on local GPUs. Unreachable servers raise ConnectionError.
+    layers on them like on local GPUs. Unreachable servers raise ``RpcServerError`` (a ValueError and a
+    ConnectionError).
     """
     backend.init()
     names = [s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers)]
@@ -46,7 +49,7 @@ def add_rpc_servers(servers: str | list[str]) -> None:
             _check_reachable(name)  # ggml's RPC client aborts the process on a failed connection
             reg = lib.ggml_backend_rpc_add_server(name.encode())
             if reg == ffi.NULL:
-                raise ConnectionError(f"rpc_servers: no llama.cpp RPC server answers at {name}")
+                raise RpcServerError(f"rpc_servers: no llama.cpp RPC server answers at {name}")
             lib.ggml_backend_register(reg)
             _rpc_servers.add(name)
 
@@ -70,6 +73,7 @@ def model_devices(rpc_servers: str | list[str] | None) -> list[Any] | None:
 
 def serve_rpc(endpoint: str, n_threads: int, device: str = "CPU", cache_dir: str | None = None) -> None:
     """Run a llama.cpp RPC server on ``endpoint`` (``host:port``) with a local device; blocks."""
+    check_threads("n_threads", n_threads)
     backend.init()
     dev = lib.ggml_backend_dev_by_name(device.encode())
     if dev == ffi.NULL:

@@ -89,13 +89,13 @@ class Sampler:
             raise
 
     def _add(self, smpl: Any) -> None:
-        lib.llama_sampler_chain_add(self._ptr, smpl)  # the chain owns it from here
+        lib.llama_sampler_chain_add(self.ptr, smpl)  # the chain owns it from here
 
     def _build(self, vocab: Any, p: SamplingParams) -> None:
         if p.logit_bias:
             items = []
-            for tok, bias in p.logit_bias.items():
-                tok = int(tok)
+            for key, bias in p.logit_bias.items():
+                tok = _token_key(key)
                 if not 0 <= tok < self.n_vocab:
                     raise ValueError(f"logit_bias: token {tok} is not in the vocabulary (0..{self.n_vocab - 1})")
                 items.append((tok, check_float(f"logit_bias[{tok}]", bias) if abs(bias) != float("inf") else bias))
@@ -132,7 +132,8 @@ class Sampler:
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from output ``idx`` of the context's last decode and accept the token: one call."""
-        ctx_ptr = ctx.ptr  # raises once the context is closed
+        ptr = self.ptr  # raises once the sampler is closed (cffi would pass None on as NULL)
+        ctx_ptr = ctx.ptr  # and once the context is
         if self._argmax:
             p = lib.llama_get_logits_ith(ctx_ptr, idx)
             if p == ffi.NULL:  # llama_sampler_sample would abort the process
@@ -142,7 +143,7 @@ class Sampler:
             if not math.isnan(logits[token]):  # greedy's comparisons pass over a NaN, argmax stops at it
                 return token
         mark = native_mark()
-        token = lib.pyllama_moe_sampler_sample(self._ptr, ctx_ptr, idx, self._failed)
+        token = lib.pyllama_moe_sampler_sample(ptr, ctx_ptr, idx, self._failed)
         self._check(mark)
         return int(token)
 
@@ -193,6 +194,16 @@ class Sampler:
             self.close()
         except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _token_key(key: Any) -> int:
+    """A ``logit_bias`` key: a token id, or its decimal text (JSON keys, as llama-cpp-python's ``int(k)``); a float or
+    a bool is refused rather than cut to an integer."""
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+        raise ValueError(f"logit_bias: keys must be integer token ids, got {key!r}")
+    return int(key)
 
 
 def _penalized(p: SamplingParams) -> bool:

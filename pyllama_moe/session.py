@@ -18,7 +18,7 @@ from pyllama_moe.context import Context
 from pyllama_moe.errors import ContextLengthError
 from pyllama_moe.llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
 from pyllama_moe.sampler import Sampler
-from pyllama_moe.vocab import Vocab
+from pyllama_moe.vocab import Vocab, token_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyllama_moe.llama_speculative import LlamaDraftModel
@@ -69,7 +69,7 @@ class Session:
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Decode ``tokens`` after the ones evaluated (in batches of n_batch)."""
-        arr = _token_ids(tokens, self.n_vocab)
+        arr = token_array("tokens", tokens, self.n_vocab)
         self._check_room(len(arr))
         self.ctx.seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(arr), self.n_batch):
@@ -91,9 +91,9 @@ class Session:
 
     def prepare(self, tokens: Sequence[int], reset: bool = True) -> None:
         """Evaluate a prompt, keeping the longest prefix already in the context (its KV cache)."""
-        if not len(tokens):
+        tokens = token_array("tokens", tokens, self.n_vocab).tolist()
+        if not tokens:
             raise ValueError("the prompt has no tokens")
-        tokens = list(tokens)
         if reset and self.n_tokens > 0:
             head = np.asarray(tokens[:-1], dtype=np.intc)
             n = min(len(head), self.n_tokens)
@@ -246,19 +246,6 @@ class Session:
         ctx.memory_clear()
         self.reset()
         return out, total
-
-
-def _token_ids(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
-    """Token ids as the batch takes them (int32), each checked against the vocabulary: an id past it (or one that
-    wraps around in 32 bits) would make llama.cpp read outside the embedding table."""
-    try:
-        wide = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    except (OverflowError, TypeError, ValueError) as e:
-        raise ValueError(f"tokens must be integer token ids: {e}") from None
-    bad = np.flatnonzero((wide < 0) | (wide >= n_vocab))
-    if len(bad):
-        raise ValueError(f"token {int(wide[bad[0]])} (at {int(bad[0])}) is not in the vocabulary (0..{n_vocab - 1})")
-    return wide.astype(np.intc)
 
 
 def _normalized(v: np.ndarray, normalize: bool) -> np.ndarray:

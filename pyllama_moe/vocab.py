@@ -6,8 +6,35 @@ import abc
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pyllama_moe.errors import check_tokenize, check_true, native_mark
+import numpy as np
+
+from pyllama_moe.errors import check_closed, check_tokenize, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
+
+
+def token_array(what: str, tokens: Any, n_vocab: int) -> np.ndarray:
+    """Token ids as the batch takes them (int32), each an integer in the vocabulary: ValueError naming ``what``
+    otherwise. A float, a bool or a string is not a token id (a float was cut to an integer, silently); an id past
+    the vocabulary (or one that wraps around in 32 bits) would make llama.cpp read outside its tables."""
+    try:
+        arr = np.asarray(tokens)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be a list of integer token ids: {e}") from None
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.intc)
+    items = arr.tolist() if arr.ndim == 1 and (arr.dtype.kind not in "iu" or arr.dtype == np.uint64) else None
+    if arr.ndim != 1 or (items is not None and any(isinstance(t, bool) or not isinstance(t, int) for t in items)):
+        bad = next((t for t in items if isinstance(t, bool) or not isinstance(t, int)), None) if items else tokens
+        raise ValueError(f"{what} must be a list of integer token ids, got {bad!r}")
+    if items is not None:  # Python ints past int64
+        at = next((i for i, t in enumerate(items) if not 0 <= t < n_vocab), None)
+    else:
+        wide = arr.astype(np.int64)
+        outside = np.flatnonzero((wide < 0) | (wide >= n_vocab))
+        at, items = (int(outside[0]), wide.tolist()) if len(outside) else (None, None)
+    if at is not None and items is not None:
+        raise ValueError(f"{what}: token {items[at]} (at {at}) is not in the model's vocabulary (0..{n_vocab - 1})")
+    return arr.astype(np.intc)
 
 
 class _Owner(Protocol):
@@ -18,9 +45,11 @@ class _Owner(Protocol):
 
 
 class Vocab:
-    """Borrowed from its ``Model``: valid while the model is open (``ptr`` raises after it closes)."""
+    """Borrowed from its ``Model``: valid while the model is open. The model's ``close()`` closes it first, so every
+    method then raises ``ClosedError`` instead of reading freed memory."""
 
     def __init__(self, model: _Owner) -> None:
+        self._ptr: Any = None
         self._model = model
         self._ptr = lib.llama_model_get_vocab(model.ptr)
         self._buf = ffi.new("char[]", 64)
@@ -28,8 +57,11 @@ class Vocab:
 
     @property
     def ptr(self) -> Any:
-        self._model.ptr  # noqa: B018 - raises once the model is closed
-        return self._ptr
+        return check_closed(self._ptr, "vocabulary (its model)")
+
+    def close(self) -> None:
+        """Forget the pointer (the model frees the vocabulary): called by ``Model.close()``."""
+        self._ptr = None
 
     # special tokens (-1 where the model has none)
     def bos(self) -> int:
@@ -81,12 +113,8 @@ class Vocab:
 
     def check_tokens(self, ids: Sequence[int]) -> list[int]:
         """Token ids from elsewhere (a ``tokenizer``), each checked against the vocabulary."""
-        out = [int(t) for t in ids]
-        bad = [t for t in out if not 0 <= t < self.n_tokens]
-        if bad:
-            raise ValueError(f"the tokenizer gave tokens {bad[:5]} that are not in the model's vocabulary "
-                             f"(0..{self.n_tokens - 1})")
-        return out
+        self.ptr  # noqa: B018 - raises once the model is closed
+        return token_array("the tokenizer's tokens", ids, self.n_tokens).tolist()
 
     def tokenize(self, text: bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         if isinstance(text, str):
@@ -111,19 +139,19 @@ class Vocab:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """One token's bytes (``llama_token_to_piece``): one call into the library."""
-        n = lib.llama_token_to_piece(self._ptr, token, self._buf, len(self._buf), 0, special)
+        ptr = self.ptr
+        n = lib.llama_token_to_piece(ptr, token, self._buf, len(self._buf), 0, special)
         if n < 0:
             self._buf = ffi.new("char[]", -n)
-            n = lib.llama_token_to_piece(self._ptr, token, self._buf, -n, 0, special)
+            n = lib.llama_token_to_piece(ptr, token, self._buf, -n, 0, special)
         return ffi.unpack(self._buf, n)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
         """The pieces joined, as llama-cpp-python does (a leading space after BOS is dropped)."""
         self.ptr  # noqa: B018 - raises once the model is closed
-        for t in tokens:
-            self._check_token(int(t))
-        out = b"".join(self.piece(int(t), special) for t in tokens)
-        if tokens and int(tokens[0]) == self.bos() and out[:1] == b" ":
+        ids = token_array("tokens", tokens, self.n_tokens).tolist()
+        out = b"".join(self.piece(t, special) for t in ids)
+        if ids and ids[0] == self.bos() and out[:1] == b" ":
             out = out[1:]
         return out
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -51,6 +51,14 @@ class ModelSettings(BaseSettings):
     override_tensor: str | None = Field(default=None, description="llama.cpp -ot: PATTERN=BUFFER_TYPE,...")
     load_mode: str | None = Field(default=None, description="auto, none, mmap, mlock, mmap_mlock, direct_io")
     fit: bool = False
+
+    @field_validator("n_threads", "n_threads_batch")
+    @classmethod
+    def _threads(cls, value: int | None, info: Any) -> int | None:
+        """Bounded as ``Llama`` bounds them (``params.max_threads``), refused when the settings are read."""
+        from pyllama_moe.params import check_threads
+
+        return None if value is None else check_threads(info.field_name, value)
 
     def llama_kwargs(self) -> dict[str, Any]:
         kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides"})

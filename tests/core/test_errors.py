@@ -69,6 +69,15 @@ def test_context_errors_quote_the_library(path: Path) -> None:
     ({"last_n_tokens_size": -2}, "last_n_tokens_size"),
     ({"rope_freq_base": float("nan")}, "rope_freq_base"),
     ({"draft_model": object()}, "draft_model"),
+    # accepted in silence before (issue #48)
+    ({"n_threads": 100_000}, "n_threads"),
+    ({"n_threads_batch": 100_000}, "n_threads_batch"),
+    ({"fit_target_mib": -1}, "fit_target_mib"),
+    ({"lora_scale": "x"}, "lora_scale"),
+    ({"lora_path": 5}, "lora_path"),
+    ({"kv_overrides": {"tokenizer.ggml.bos_token_id": -5}}, r"kv_overrides\['tokenizer.ggml.bos_token_id'\]"),
+    ({"kv_overrides": {"tokenizer.ggml.eos_token_id": 10**9}}, r"kv_overrides\['tokenizer.ggml.eos_token_id'\]"),
+    ({"kv_overrides": {"tokenizer.ggml.eos_token_id": 1.0}}, r"kv_overrides\['tokenizer.ggml.eos_token_id'\]"),
 ])
 def test_bad_parameter_values_name_the_parameter(path: Path, kw: dict[str, object], name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -85,8 +94,16 @@ def test_bad_request_values(path: Path) -> None:
                 m("hello", max_tokens=1, **kw)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="token"):
             m.detokenize([10**9])
-        with pytest.raises(ValueError, match="prompt: tokens"):
+        with pytest.raises(ValueError, match="prompt: token -5"):
             m([1, 2, -5], max_tokens=1)
+        # token ids that are not integers were cut to one in silence (issue #48)
+        for call, name in ((lambda: m.eval([1.5, 2]), "tokens"), (lambda: m([1, 2.0], max_tokens=1), "prompt"),
+                           (lambda: m.detokenize([1.5]), "tokens"), (lambda: m.eval([True]), "tokens"),
+                           (lambda: m.generate([1.5]), "tokens"), (lambda: m.eval(["1"]), "tokens"),
+                           (lambda: m("hello", max_tokens=1, logit_bias={1.5: 1.0}), "logit_bias")):
+            with pytest.raises(ValueError, match=f"{name}.*integer token ids"):
+                call()
+        assert m("hello", max_tokens=1, logit_bias={"15": 1.0, 16: -1.0})["choices"]  # JSON keys, as llama-cpp-python
         assert m("hello", max_tokens=1)["usage"]["completion_tokens"] <= 1  # still usable
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.llama import Llama
-from pyllama_moe.params import ContextParams, ModelParams, load_mode, physical_cores
+from pyllama_moe.params import ContextParams, ModelParams, check_threads, load_mode, max_threads, physical_cores
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -44,6 +44,17 @@ def test_defaults_come_from_the_library() -> None:
     cpus = len(os.sched_getaffinity(0))
     assert (cp.ptr.n_threads, cp.ptr.n_threads_batch) == (physical_cores(), cpus)
     assert 1 <= physical_cores() <= cpus
+
+
+def test_thread_counts_are_bounded_by_the_machine() -> None:
+    # 4 per CPU, never past ggml's GGML_MAX_N_THREADS: 100000 threads ended the process at the first decode (#48)
+    limit = max_threads()
+    assert limit == min(int(lib.GGML_MAX_N_THREADS), 4 * (os.cpu_count() or 1)) and limit <= 512
+    assert check_threads("n_threads", limit) == limit
+    for name in ("n_threads", "n_threads_batch"):
+        for bad in (0, limit + 1, 100_000, 1.5, True, "8"):
+            with pytest.raises(ValueError, match=name):
+                ContextParams(n_ctx=64, n_batch=32, n_ubatch=32, **{name: bad})
 
 
 SMT = "\n\n".join(f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i % 4}\n" for i in range(8))
