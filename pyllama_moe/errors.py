@@ -60,6 +60,12 @@ class SchemaError(ValueError):
     """A JSON schema uses something :func:`pyllama_moe.json_schema.json_schema_to_gbnf` cannot express."""
 
 
+class InvalidSchemaError(SchemaError):
+    """A JSON schema that is wrong (reversed or negative bounds, an unknown type, a ``$ref`` that resolves to nothing,
+    nested deeper than ``SCHEMA_MAX_DEPTH``) or whose grammar would be past the grammar checks' bounds: refused, where
+    a schema that is only beyond the converter falls back to plain JSON."""
+
+
 class ChatFormatNotFoundError(ValueError):
     """No chat format or handler is registered under that name."""
 

@@ -30,9 +30,11 @@ import json
 import re
 from typing import Any
 
-from pyllama_moe.errors import SchemaError
+from pyllama_moe.errors import GrammarError, InvalidSchemaError, SchemaError
+from pyllama_moe.gbnf import GRAMMAR_MAX_REPETITION, check_grammar
 
-__all__ = ["JSON_GBNF", "JSON_VALUE_GBNF", "SchemaError", "gbnf_literal", "json_schema_to_gbnf"]
+__all__ = ["JSON_GBNF", "JSON_VALUE_GBNF", "SCHEMA_MAX_DEPTH", "InvalidSchemaError", "SchemaError", "gbnf_literal",
+           "json_schema_to_gbnf"]
 
 
 # whitespace between tokens: none, one space, or a newline with a bounded indent (an unbounded run
@@ -83,6 +85,8 @@ _DEPENDS: dict[str, tuple[str, ...]] = {
     "uuid": ("space",),
 }
 _STRING_FORMATS = ("date", "time", "date-time", "uuid")
+# schemas inside schemas: far more than structured output uses, far less than Python's recursion limit
+SCHEMA_MAX_DEPTH = 100
 
 
 def _grammar(root: str, names: list[str]) -> str:
@@ -144,6 +148,7 @@ class _Converter:
         self.bodies: dict[str, str] = {}  # body -> rule name, to share identical rules
         self.refs: dict[str, str] = {}  # $ref -> rule name
         self.primitives: set[str] = set()
+        self.depth = 0  # schemas being visited, one inside the other
 
     # -- rules
 
@@ -167,12 +172,22 @@ class _Converter:
 
     def visit(self, schema: Any, name: str) -> str:
         """A GBNF expression (a rule name or a parenthesised group) matching ``schema``."""
+        if self.depth >= SCHEMA_MAX_DEPTH:
+            shown = name if len(name) <= 80 else name[:40] + "..." + name[-37:]
+            raise InvalidSchemaError(f"{shown}: the schema is nested more than {SCHEMA_MAX_DEPTH} levels deep")
+        self.depth += 1
+        try:
+            return self._visit(schema, name)
+        finally:
+            self.depth -= 1
+
+    def _visit(self, schema: Any, name: str) -> str:
         if schema is True or schema == {}:
             return self.prim("value")
         if schema is False:
-            raise SchemaError(f"{name}: the schema 'false' matches nothing")
+            raise InvalidSchemaError(f"{name}: the schema 'false' matches nothing")
         if not isinstance(schema, dict):
-            raise SchemaError(f"{name}: a schema must be an object or a boolean, got {type(schema).__name__}")
+            raise InvalidSchemaError(f"{name}: a schema must be an object or a boolean, got {type(schema).__name__}")
         if "$ref" in schema:
             return self.ref(schema["$ref"])
         if "const" in schema:
@@ -180,13 +195,13 @@ class _Converter:
         if "enum" in schema:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
-                raise SchemaError(f"{name}: enum must be a non-empty list")
+                raise InvalidSchemaError(f"{name}: enum must be a non-empty list")
             return "(" + " | ".join(self.const(v, f"{name}-{i}") for i, v in enumerate(values)) + ")"
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 alts = schema[key]
                 if not isinstance(alts, list) or not alts:
-                    raise SchemaError(f"{name}: {key} must be a non-empty list")
+                    raise InvalidSchemaError(f"{name}: {key} must be a non-empty list")
                 base = {k: v for k, v in schema.items() if k != key}
                 exprs = [self.visit({**base, **alt} if isinstance(alt, dict) and _has_type_info(base) else alt,
                                     f"{name}-{i}") for i, alt in enumerate(alts)]
@@ -197,7 +212,7 @@ class _Converter:
         typ = schema.get("type")
         if isinstance(typ, list):
             if not typ:
-                raise SchemaError(f"{name}: type must not be an empty list")
+                raise InvalidSchemaError(f"{name}: type must not be an empty list")
             return "(" + " | ".join(self.visit({**schema, "type": t}, f"{name}-{t}") for t in typ) + ")"
         if typ is None:
             if "properties" in schema or "additionalProperties" in schema or "required" in schema:
@@ -225,7 +240,7 @@ class _Converter:
         if typ == "null":
             self.check_keywords(schema, name, set())
             return self.prim("null")
-        raise SchemaError(f"{name}: unknown type {typ!r}")
+        raise InvalidSchemaError(f"{name}: unknown type {typ!r}")
 
     def const(self, value: Any, name: str) -> str:
         """Exactly ``value``; arrays and objects with the usual optional whitespace between tokens."""
@@ -255,7 +270,7 @@ class _Converter:
         for part in parts:
             part = part.replace("~1", "/").replace("~0", "~")
             if not isinstance(target, dict) or part not in target:
-                raise SchemaError(f"$ref {ref!r} does not resolve")
+                raise InvalidSchemaError(f"$ref {ref!r} does not resolve")
             target = target[part]
         # reserve the name first: the target may refer to itself
         name = _NAME_BAD.sub("-", "ref-" + (parts[-1] if parts else "root")).strip("-")
@@ -275,7 +290,11 @@ class _Converter:
         if rest:
             parts.append(rest)
         for part in parts:
+            seen: set[str] = set()
             while isinstance(part, dict) and "$ref" in part:
+                if not isinstance(part["$ref"], str) or part["$ref"] in seen:
+                    raise InvalidSchemaError(f"{name}: the $ref {part['$ref']!r} refers to itself")
+                seen.add(part["$ref"])
                 part = self.resolve(part["$ref"])
             if not isinstance(part, dict) or part.get("type", "object") != "object" or any(
                     k in part for k in ("anyOf", "oneOf", "allOf", "enum", "const")):
@@ -290,7 +309,7 @@ class _Converter:
         target: Any = self.root
         for part in (p for p in ref[1:].split("/") if p):
             if not isinstance(target, dict) or part not in target:
-                raise SchemaError(f"$ref {ref!r} does not resolve")
+                raise InvalidSchemaError(f"$ref {ref!r} does not resolve")
             target = target[part]
         return target
 
@@ -299,12 +318,14 @@ class _Converter:
                                            "minProperties", "maxProperties", "propertyNames"})
         props = schema.get("properties", {})
         if not isinstance(props, dict):
-            raise SchemaError(f"{name}: properties must be an object")
+            raise InvalidSchemaError(f"{name}: properties must be an object")
         required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise InvalidSchemaError(f"{name}: required must be a list of property names, got {required!r:.100}")
         missing = [r for r in required if r not in props]
         extra = schema.get("additionalProperties", None if props else True)
         if missing and extra in (None, False):
-            raise SchemaError(f"{name}: required properties {missing} are not in properties")
+            raise InvalidSchemaError(f"{name}: required properties {missing} are not in properties")
         sp = self.prim("space")
         if not props and extra in (None, True):
             return self.prim("object")
@@ -348,7 +369,7 @@ class _Converter:
         if "prefixItems" in schema:
             prefix = schema["prefixItems"]
             if not isinstance(prefix, list) or not prefix:
-                raise SchemaError(f"{name}: prefixItems must be a non-empty list")
+                raise InvalidSchemaError(f"{name}: prefixItems must be a non-empty list")
             if (schema.get("items", False) not in (False, None)
                     or schema.get("additionalItems", False) not in (False, None)):
                 raise SchemaError(f"{name}: prefixItems with further items is not supported")
@@ -358,8 +379,7 @@ class _Converter:
         if isinstance(items, list):  # draft-04 tuple form
             rest = {k: v for k, v in schema.items() if k not in ("items", "prefixItems")}
             return self.array({"prefixItems": items, **rest}, name)
-        if not isinstance(lo, int) or lo < 0 or (hi is not None and (not isinstance(hi, int) or hi < lo)):
-            raise SchemaError(f"{name}: bad minItems/maxItems ({lo}, {hi})")
+        _check_bounds(name, "minItems", "maxItems", lo, hi)
         item = self.visit(items, f"{name}-item")
         if hi == 0:
             return self.add(name, f'"[" {sp} "]" {sp}')
@@ -370,7 +390,9 @@ class _Converter:
         else:
             more = f'("," {sp} {item}){{{more_lo},{more_hi}}}'
         seq = f"{item} {more}"
-        inner = seq if lo > 0 else f"({seq})?"
+        # a rule of its own, not a group: llama.cpp counts the rules a group makes against the repetition around it
+        # (maxItems near GRAMMAR_MAX_REPETITION put the 1999 copies' rules under the "?" of the group)
+        inner = seq if lo > 0 else self.add(f"{name}-items", seq) + "?"
         return self.add(name, f'"[" {sp} {inner} "]" {sp}')
 
     def string(self, schema: dict[str, Any], name: str) -> str:
@@ -379,12 +401,23 @@ class _Converter:
             return self.prim(schema["format"])
         lo = schema.get("minLength", 0)
         hi = schema.get("maxLength")
+        _check_bounds(name, "minLength", "maxLength", lo, hi)
         if lo == 0 and hi is None:
             return self.prim("string")
-        if not isinstance(lo, int) or lo < 0 or (hi is not None and (not isinstance(hi, int) or hi < lo)):
-            raise SchemaError(f"{name}: bad minLength/maxLength ({lo}, {hi})")
         char = self.prim("char")
         return self.add(name, f'"\\"" {char}{{{lo},{"" if hi is None else hi}}} "\\"" {self.prim("space")}')
+
+
+def _check_bounds(name: str, lo_key: str, hi_key: str, lo: Any, hi: Any) -> None:
+    """``minItems``/``maxItems`` or ``minLength``/``maxLength``: integers, 0 <= min <= max <= GRAMMAR_MAX_REPETITION
+    (the grammar repeats an item that many times; llama.cpp would take a reversed pair for 2**64 copies)."""
+    for key, v in ((lo_key, lo), (hi_key, hi)):
+        if (v is not None or key == lo_key) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise InvalidSchemaError(f"{name}: {key} must be a non-negative integer, got {v!r}")
+        if v is not None and v > GRAMMAR_MAX_REPETITION:
+            raise InvalidSchemaError(f"{name}: {key} {v} is above {GRAMMAR_MAX_REPETITION} (GRAMMAR_MAX_REPETITION)")
+    if hi is not None and lo > hi:
+        raise InvalidSchemaError(f"{name}: {lo_key} {lo} is above {hi_key} {hi}")
 
 
 def _has_type_info(schema: dict[str, Any]) -> bool:
@@ -401,7 +434,9 @@ def json_schema_to_gbnf(schema: Any) -> str:
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
-            raise SchemaError(f"the schema is not valid JSON: {e}") from e
+            raise InvalidSchemaError(f"the schema is not valid JSON: {e}") from e
+        except RecursionError:
+            raise InvalidSchemaError(f"the schema is nested more than {SCHEMA_MAX_DEPTH} levels deep") from None
     conv = _Converter(schema)
     root = conv.visit(schema, "root")
     rules = {"root": root} if root != "root" else {}
@@ -415,4 +450,9 @@ def json_schema_to_gbnf(schema: Any) -> str:
     if "root" not in rules:  # pragma: no cover - visit() always names or returns an expression
         raise SchemaError("no root rule")
     ordered = {"root": rules.pop("root"), **rules}
-    return "".join(f"{name} ::= {body}\n" for name, body in ordered.items())
+    grammar = "".join(f"{name} ::= {body}\n" for name, body in ordered.items())
+    try:  # the bounds of every grammar (nested repetitions): the rule's name says where in the schema
+        check_grammar(grammar)
+    except GrammarError as e:
+        raise InvalidSchemaError(f"the schema's {e}") from None
+    return grammar

@@ -16,7 +16,8 @@ import numpy as np
 
 from pyllama_moe.errors import GrammarError, LlamaError, check_closed, check_ptr, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
-from pyllama_moe.grammar import check_grammar, grammar_text
+from pyllama_moe.gbnf import check_grammar
+from pyllama_moe.grammar import grammar_text
 from pyllama_moe.params import check_float, check_int
 
 if TYPE_CHECKING:
@@ -60,7 +61,9 @@ class SamplingParams:
         check_int("seed", self.seed, -(2**63), 2**64 - 1)
         if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
             raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
-        grammar_text(self.grammar)
+        g = grammar_text(self.grammar)
+        if g is not None:  # before the request evaluates its prompt: a refused grammar costs nothing
+            check_grammar(g[0])
 
     @property
     def greedy(self) -> bool:
@@ -105,8 +108,7 @@ class Sampler:
             self._add(lib.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, p.repeat_penalty,
                                                        p.frequency_penalty, p.presence_penalty))
         g = grammar_text(p.grammar)
-        if g is not None:
-            check_grammar(g[0])
+        if g is not None:  # checked with the parameters (check_grammar)
             mark = native_mark()
             smpl = check_ptr(lib.llama_sampler_init_grammar(vocab, g[0].encode(), g[1].encode()), GrammarError,
                              "grammar: cannot parse the grammar", since=mark)

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from pyllama_moe.json_schema import JSON_GBNF, SchemaError, json_schema_to_gbnf
+from pyllama_moe.json_schema import JSON_GBNF, InvalidSchemaError, SchemaError, json_schema_to_gbnf
 
 __all__ = [
     "ChatFormatter",
@@ -128,10 +128,13 @@ def _forced_tool(tools: list[dict[str, Any]] | None, tool_choice: Any) -> dict[s
     return tool
 
 
-def grammar_for_schema(schema: Any) -> str:
-    """The GBNF of ``schema``; plain JSON (with a warning) where the schema is beyond the converter."""
+def grammar_for_schema(schema: Any, what: str = "response_format") -> str:
+    """The GBNF of ``schema``; plain JSON (with a warning) where the schema is beyond the converter. A schema that is
+    wrong, or whose grammar is past the grammar bounds, is a ValueError naming ``what`` (a 400 from the server)."""
     try:
         return json_schema_to_gbnf(schema)
+    except InvalidSchemaError as e:
+        raise InvalidSchemaError(f"{what}: invalid JSON schema: {e}") from None
     except SchemaError as e:
         logger.warning("JSON schema not converted to a grammar (%s); constraining to any JSON object", e)
         return JSON_GBNF
@@ -142,7 +145,7 @@ def grammar_for_tool(tool: dict[str, Any]) -> str:
     params = tool["function"].get("parameters")
     if params is None:
         return JSON_GBNF
-    return grammar_for_schema(params)
+    return grammar_for_schema(params, f"the parameters of tool {tool['function'].get('name')!r}")
 
 
 def grammar_for_response_format(response_format: dict[str, Any] | None) -> str | None:
@@ -154,6 +157,9 @@ def grammar_for_response_format(response_format: dict[str, Any] | None) -> str |
     """
     if response_format is None:
         return None
+    if not isinstance(response_format, dict):
+        raise ValueError("response_format must be a dict such as {'type': 'json_object'}, "
+                         f"got {response_format!r:.100}")
     kind = response_format.get("type")
     if kind == "json_object":
         if response_format.get("schema") is not None:
@@ -161,6 +167,8 @@ def grammar_for_response_format(response_format: dict[str, Any] | None) -> str |
         return JSON_GBNF
     if kind == "json_schema":
         spec = response_format.get("json_schema") or {}
+        if not isinstance(spec, dict):
+            raise ValueError(f"response_format: json_schema must be a dict with a 'schema', got {spec!r:.100}")
         schema = spec.get("schema", response_format.get("schema"))
         return JSON_GBNF if schema is None else grammar_for_schema(schema)
     if kind in ("text", None):

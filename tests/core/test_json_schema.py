@@ -17,6 +17,7 @@ from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.json_schema import (
     JSON_GBNF,
     JSON_VALUE_GBNF,
+    InvalidSchemaError,
     SchemaError,
     json_schema_to_gbnf,
 )
@@ -240,6 +241,40 @@ def test_schema_errors() -> None:
         with pytest.raises(SchemaError, match=match):
             json_schema_to_gbnf(schema)
     assert json_schema_to_gbnf('{"type": "boolean"}').startswith("root ::= boolean\n")
+
+
+def test_schema_bounds_and_depth(vocab: Any) -> None:
+    # issue #48: the repetition bounds of grammars, on the keywords that become repetitions; a wrong schema is
+    # InvalidSchemaError (refused, not relaxed to any JSON), one beyond the converter only SchemaError
+    deep: Any = {"type": "string"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    for schema, match in [
+        ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems 3 is above maxItems 1"),
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength 5 is above maxLength 2"),
+        ({"type": "string", "maxLength": -1}, "maxLength must be a non-negative integer"),
+        ({"type": "array", "minItems": 1.5}, "minItems must be a non-negative integer"),
+        ({"type": "array", "maxItems": 10**9}, "maxItems 1000000000 is above 2000"),
+        ({"type": "string", "minLength": 2001}, "minLength 2001 is above 2000"),
+        (deep, "nested more than 100 levels deep"),
+        ("[" * 100_000, "nested more than 100 levels deep"),
+        ({"type": "object", "required": "a", "properties": {"a": {}}}, "required must be a list"),
+        ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}, "refers to itself"),
+        ({"type": "tuple"}, "unknown type"),
+        (5, "must be an object or a boolean"),
+    ]:
+        with pytest.raises(InvalidSchemaError, match=match):
+            json_schema_to_gbnf(schema)
+    with pytest.raises(SchemaError) as e:
+        json_schema_to_gbnf({"not": {}})
+    assert not isinstance(e.value, InvalidSchemaError)
+    # at the bounds, llama.cpp parses what comes out (a rule of its own for the items under "?": llama.cpp counts
+    # the rules a group makes against the repetition around it)
+    for schema in ({"type": "array", "maxItems": 2000, "items": {"type": "integer"}},
+                   {"type": "array", "maxItems": 1000, "items": {"type": "string"}},  # cut only at commas
+                   {"type": "array", "maxItems": 500, "items": {"type": "string", "maxLength": 2000}},
+                   {"type": "string", "minLength": 2000, "maxLength": 2000}):
+        Grammar(vocab, json_schema_to_gbnf(schema))
 
 
 def test_gbnf_literals_escape(vocab: Any) -> None:
