@@ -22,7 +22,7 @@ from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import Completion, make_request
 from pyllama_moe.context import Context
-from pyllama_moe.errors import ClosedError
+from pyllama_moe.errors import ClosedError, LlamaError
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 from pyllama_moe.model import LoraAdapter, Model, model_path_str
@@ -37,7 +37,7 @@ from pyllama_moe.params import (
 )
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.session import Session, logits_to_logprobs
-from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer
+from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer, token_array
 
 logger = logging.getLogger("pyllama_moe")
 
@@ -50,8 +50,10 @@ def _open(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(self: Llama, *args: Any, **kwargs: Any) -> Any:
-        # one call at a time: the context is not thread-safe, a second thread waits for the first
+        # one call at a time: the context is not thread-safe, a second thread waits for the first (and for a
+        # stream of another thread to end)
         with self._lock:
+            self._wait_turn()
             if self._closed:
                 raise ClosedError(f"Llama.{fn.__name__}: this Llama ({self.model_path}) has been closed")
             with backend.verbosity(self.verbose):
@@ -151,6 +153,8 @@ class Llama:
         missing file), ``ModelLoadError`` / ``ContextError`` with llama.cpp's reason otherwise.
         """
         self._lock = threading.RLock()  # held by every call and by each step of a stream
+        self._turn = threading.Condition(self._lock)  # notified when a stream ends: the calls of other threads wait
+        self._streamer: int | None = None  # the thread consuming a stream in progress
         self._closed = True  # until everything is made; close() is safe on a half-made Llama
         self._handles: list[Any] = []
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
@@ -251,7 +255,8 @@ class Llama:
             self.close()
             raise
         self._vocab = self._model.vocab
-        self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all, seed)
+        self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all, seed,
+                                model_id=self._model.fingerprint(), n_ctx=int(self.context_params.ptr.n_ctx))
         self._n_vocab, self._n_ctx = self._vocab.n_tokens, self._session.n_ctx
         self._token_nl, self._token_eos = self._vocab.nl(), self._vocab.eos()
         # llama-cpp-python's attributes: a recurrent (or hybrid) model's memory cannot drop a suffix of its tokens
@@ -291,21 +296,56 @@ class Llama:
                 sampler.close()
             for handle in reversed(getattr(self, "_handles", [])):
                 handle.close()
+            turn = getattr(self, "_turn", None)
+            if turn is not None:
+                turn.notify_all()  # the calls waiting for a stream find the Llama closed
+
+    def _wait_turn(self) -> None:
+        """Wait (holding the lock) while another thread's stream is in progress: between two steps of a stream the
+        context holds that stream's tokens, and a call of another thread would move it under the stream (eight
+        threads streaming the same greedy request got eight texts). So each call sees what a lone call sees."""
+        me = threading.get_ident()
+        while self._streamer is not None and self._streamer != me and not self._closed:
+            self._turn.wait()
 
     def _stream(self, steps: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
-        """A stream consumed outside the call that made it: each step holds the lock, finds the Llama open and
-        runs under its verbosity (values sent go through)."""
+        """A stream consumed outside the call that made it. From its first step to its end (exhausted, closed, or
+        dropped) it holds the Llama: calls of other threads wait for it (``_wait_turn``). Each step holds the lock,
+        finds the Llama open and runs under its verbosity (values sent go through). A call of the consuming thread
+        that moves the context between two steps (another completion, ``eval``, ``reset``, ``load_state``) makes the
+        stream's next step raise LlamaError rather than go on from the other call's tokens."""
         value = None
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise ClosedError(f"this Llama ({self.model_path}) was closed during a stream")
-                with backend.verbosity(self.verbose):
+        held = False
+        moves = -1  # the session's count of moves after this stream's last step
+        try:
+            while True:
+                with self._lock:
+                    if not held:
+                        self._wait_turn()
+                    if self._closed:
+                        raise ClosedError(f"this Llama ({self.model_path}) was closed during a stream")
+                    if held and self._session.moves != moves:
+                        raise LlamaError("this stream was interrupted: another call moved the Llama's context "
+                                         "between two of its steps (finish or close a stream before the next call)")
+                    self._streamer, held = threading.get_ident(), True
+                    with backend.verbosity(self.verbose):
+                        try:
+                            item = steps.send(value) if value is not None else next(steps)
+                        except StopIteration:
+                            return
+                    moves = self._session.moves
+                value = yield item
+        finally:
+            if held:
+                with self._lock:
                     try:
-                        item = steps.send(value) if value is not None else next(steps)
-                    except StopIteration:
-                        return
-            value = yield item
+                        if not self._closed:
+                            with backend.verbosity(self.verbose):
+                                steps.close()  # its sampler freed, unsampled draft tokens removed, now
+                    finally:
+                        if self._streamer == threading.get_ident() or self._closed:
+                            self._streamer = None
+                        self._turn.notify_all()
 
     def __del__(self) -> None:
         try:
@@ -385,7 +425,9 @@ class Llama:
 
     @_open
     def n_ctx(self) -> int:
-        return self._ctx.n_ctx()
+        """The context: the ``n_ctx`` asked for (the model's training context for 0), which prompt and completion share;
+        llama.cpp's own is rounded up to a multiple of 256 (``llama_n_ctx(llm.ctx)``)."""
+        return self._n_ctx
 
     @_open
     def moe_cache_stats(self) -> moe.MoeCacheStats | None:
@@ -504,14 +546,22 @@ class Llama:
                  mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                  penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
                  grammar: Any = None) -> Iterator[int]:
-        """Yield sampled tokens after ``tokens`` forever (the caller stops)."""
+        """Yield sampled tokens after ``tokens`` forever (the caller stops). The tokens are checked now and evaluated
+        at the first step (as llama-cpp-python's generator does), when the stream holds the Llama."""
         params = self._sampling(locals())
-        self._session.prepare(tokens, reset)
-        steps = self._generate(Sampler(self._vocab, params), logits_processor, stopping_criteria)
+        ids = token_array("tokens", tokens, self._n_vocab).tolist()
+        if not ids:
+            raise ValueError("the prompt has no tokens")
+        steps = self._generate(ids, reset, Sampler(self._vocab, params), logits_processor, stopping_criteria)
         return self._stream(steps)
 
-    def _generate(self, sampler: Sampler, logits_processor: Any,
+    def _generate(self, tokens: list[int], reset: bool, sampler: Sampler, logits_processor: Any,
                   stopping_criteria: Any) -> Generator[int, Sequence[int] | None, None]:
+        try:
+            self._session.prepare(tokens, reset)
+        except BaseException:
+            sampler.close()
+            raise
         steps = self._session.generate(sampler, logits_processor=logits_processor,
                                        stopping_criteria=stopping_criteria, draft_model=self.draft_model)
         try:

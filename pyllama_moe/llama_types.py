@@ -315,7 +315,9 @@ ChatCompletionFunctionCall = ChatCompletionResponseFunctionCall
 
 @dataclass
 class LlamaState:
-    """``Llama.save_state()``: the tokens evaluated, their logits if kept, and the context's state."""
+    """``Llama.save_state()``: the tokens evaluated, their logits if kept, and the context's state. ``model_id`` names
+    the model that made it (its ``Model.fingerprint()``): ``load_state`` refuses a state of another model, whose bytes
+    llama.cpp would take for its own when the shapes agree. None (a state made without one) is not checked."""
 
     input_ids: npt.NDArray[np.intc]
     scores: npt.NDArray[np.single]
@@ -323,6 +325,7 @@ class LlamaState:
     llama_state: bytes
     llama_state_size: int
     seed: int
+    model_id: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

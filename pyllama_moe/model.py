@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Callable
@@ -10,11 +11,12 @@ from typing import Any
 from pyllama_moe import backend
 from pyllama_moe.errors import ModelLoadError, ModelNotFoundError, check_closed, check_ptr, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
-from pyllama_moe.gguf_info import GGUFInfo
+from pyllama_moe.gguf_info import GGUFInfo, split_files
 from pyllama_moe.params import ModelParams
 from pyllama_moe.vocab import Vocab
 
 GGUF_MAGIC = b"GGUF"
+FINGERPRINT_SAMPLES = 16
 
 
 def model_path_str(path: Any, name: str = "model_path") -> str:
@@ -84,6 +86,7 @@ class Model:
         """``progress(fraction)`` is called during the load (returning False aborts it); by default a
         progress bar when verbose on a terminal."""
         self._ptr: Any = None
+        self._fingerprint: str | None = None
         self.path = model_path_str(path)
         _check_file(self.path)
         backend.init()
@@ -133,6 +136,25 @@ class Model:
     @property
     def closed(self) -> bool:
         return self._ptr is None
+
+    def fingerprint(self) -> str:
+        """What tells this model from another of the same shape, for states (``LlamaState.model_id``): a hash of its
+        description, sizes and metadata, and of 4 KiB read at each of 16 places spread over each of its files (a
+        model whose weights differ differs there; the files are read 64 KiB each, once)."""
+        self.ptr  # noqa: B018 - raises once closed
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update(repr((self.desc(), self.n_params(), self.size(), self.vocab.n_tokens, self.n_embd(),
+                           self.n_layer(), sorted(self.metadata().items()))).encode("utf-8", errors="replace"))
+            for name in split_files(self.path):
+                size = os.path.getsize(name)
+                h.update(str(size).encode())
+                with open(name, "rb") as f:
+                    for k in range(FINGERPRINT_SAMPLES):
+                        f.seek(size * k // FINGERPRINT_SAMPLES)
+                        h.update(f.read(4096))
+            self._fingerprint = h.hexdigest()[:32]
+        return self._fingerprint
 
     def n_ctx_train(self) -> int:
         return int(lib.llama_model_n_ctx_train(self.ptr))

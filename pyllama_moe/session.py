@@ -37,16 +37,21 @@ def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
 class Session:
     """The tokens evaluated in sequence 0 of a context, and the logits kept for them."""
 
-    def __init__(self, ctx: Context, batch: Batch, vocab: Vocab, logits_all: bool, seed: int) -> None:
+    def __init__(self, ctx: Context, batch: Batch, vocab: Vocab, logits_all: bool, seed: int,
+                 model_id: str | None = None, n_ctx: int | None = None) -> None:
         self.ctx = ctx
+        self.model_id = model_id  # saved with the state; a state of another model is refused
         self.batch = batch
         self.vocab = vocab
-        self.n_ctx = ctx.n_ctx()
+        # the context asked for: llama.cpp rounds a context up to a multiple of 256 (n_ctx=32 holds 256 tokens), but
+        # a prompt and its completion get what was asked for, as with llama-cpp-python over a llama.cpp that did not
+        self.n_ctx = min(ctx.n_ctx(), n_ctx) if n_ctx else ctx.n_ctx()
         self.n_batch = batch.capacity
         self.n_vocab = vocab.n_tokens
         self.logits_all = logits_all
         self.input_ids = np.zeros(self.n_ctx, dtype=np.intc)
         self.n_tokens = 0
+        self.moves = 0  # counts prepare, eval, reset, load_state and embed: a stream sees another call's move
         self.seed = seed  # the sampling seed, saved with the state (llama-cpp-python's Llama._seed)
         self._scores: np.ndarray | None = None  # (n_ctx, n_vocab), allocated when first needed
 
@@ -62,6 +67,7 @@ class Session:
 
     def reset(self) -> None:
         self.n_tokens = 0
+        self.moves += 1
 
     def _check_room(self, n: int) -> None:
         if self.n_tokens + n > self.n_ctx:
@@ -69,6 +75,7 @@ class Session:
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Decode ``tokens`` after the ones evaluated (in batches of n_batch)."""
+        self.moves += 1
         arr = token_array("tokens", tokens, self.n_vocab)
         self._check_room(len(arr))
         self.ctx.seq_rm(-1, self.n_tokens, -1)
@@ -197,11 +204,15 @@ class Session:
         n = self.n_tokens
         scores = self.scores[:n].copy() if self.logits_all else np.zeros((0, self.n_vocab), dtype=np.single)
         return LlamaState(input_ids=self.input_ids.copy(), scores=scores, n_tokens=n, llama_state=data,
-                          llama_state_size=len(data), seed=self.seed)
+                          llama_state_size=len(data), seed=self.seed, model_id=self.model_id)
 
     def load_state(self, state: LlamaState) -> None:
         if not isinstance(state, LlamaState):
             raise TypeError(f"load_state takes a LlamaState (from save_state), got {type(state).__name__}")
+        other = getattr(state, "model_id", None)  # a state pickled before the field existed has none
+        if other is not None and self.model_id is not None and other != self.model_id:
+            raise ValueError(f"load_state: the state was saved from another model (model_id {other}, this one is "
+                             f"{self.model_id}): its KV cache would be taken for this model's")
         # llama_state_set_data reads nothing from an empty buffer and reports success: the context would go on
         # with what it held while input_ids said otherwise
         if state.llama_state_size <= 0 or len(state.llama_state) < state.llama_state_size:
@@ -209,6 +220,7 @@ class Session:
         if not 0 <= state.n_tokens <= min(self.n_ctx, len(state.input_ids)):
             raise ValueError(f"load_state: n_tokens {state.n_tokens} is outside the context (0..{self.n_ctx}) "
                              "or its input_ids")
+        self.moves += 1
         self.ctx.state_set(state.llama_state[:state.llama_state_size])
         n = state.n_tokens
         self.input_ids[:] = 0
@@ -223,6 +235,7 @@ class Session:
         """Each text decoded alone in sequence 0 of a cleared context; its pooled vector, or with
         pooling none one vector per token. Returns the embeddings and the number of tokens."""
         ctx = self.ctx
+        self.moves += 1
         pooled = ctx.pooled()
         limit = min(self.n_batch, ctx.n_ubatch()) if pooled else self.n_batch
         out: list[Any] = []

@@ -1,7 +1,10 @@
-"""Calls that used to end the process (issue #27): each runs in a child process, which must exit normally
+"""Calls that used to end the process (issues #27, #48): each runs in a child process, which must exit normally
 with the named Python exception, never a signal. The cases crashed before: an abort from a C++ exception
 (invalid code point, a grammar that accepts no token, an output index past the last), a stack overflow (a
-grammar nested 20k deep), a use-after-free (two threads, close() from another thread)."""
+grammar nested 20k deep), a use-after-free (two threads, close() from another thread; a handle reached through a
+closed Llama), a thread count past ggml's arrays (SIGSEGV at the first decode). Or they ran away: a grammar whose
+repetition bounds are reversed (48 s and 9.9 GB in llama.cpp's parser), huge or nested (the matcher's stacks), here
+under a 3 GB address-space limit; eight threads streaming one greedy request got eight texts."""
 
 from __future__ import annotations
 
@@ -13,10 +16,10 @@ from pathlib import Path
 import pytest
 
 PRE = """
-import sys, threading, time
+import resource, sys, threading, time
 import numpy as np
 from pyllama_moe import Llama, LlamaGrammar
-from pyllama_moe.errors import ClosedError
+from pyllama_moe.errors import ClosedError, LlamaError
 llm = Llama(sys.argv[1], n_ctx=256, verbose=False)
 def expect(exc, fn, match=""):
     try:
@@ -78,6 +81,128 @@ CASES = {
         texts = {o['choices'][0]['text'] for o in out}
         assert len(out) == 4 and len(texts) == 1, texts
         print("RAISED none: four ordered calls")
+    """),
+    # a stream holds the Llama from its first step to its end: calls of other threads wait for it, so eight threads
+    # streaming one greedy request get the lone request's text (their steps interleaved on one context before)
+    "eight_threads_streaming": textwrap.dedent("""
+        lone = llm('hello there', max_tokens=24, temperature=0)['choices'][0]['text']
+        out, toks = [], []
+        def stream():
+            out.append(''.join(c['choices'][0]['text'] for c in llm('hello there', max_tokens=24, temperature=0,
+                                                                     stream=True)))
+        def generate():
+            got = []
+            for t in llm.generate(llm.tokenize(b'hello there'), temp=0):
+                got.append(t)
+                if len(got) == 12:
+                    break
+            toks.append(tuple(got))
+        for target in (stream, generate):
+            ts = [threading.Thread(target=target) for _ in range(8)]
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+        assert len(out) == 8 and set(out) == {lone}, set(out)
+        assert len(toks) == 8 and len(set(toks)) == 1, set(toks)
+        print("RAISED none: eight streams, one text")
+    """),
+    # a call of the stream's own thread that moves the context between two steps: the stream says so
+    "same_thread_call_under_a_stream": textwrap.dedent("""
+        a = llm('hello', max_tokens=20, temperature=0, stream=True)
+        next(a)
+        llm.tokenize(b'reading is fine')
+        llm('another prompt', max_tokens=2)
+        expect(LlamaError, lambda: next(a), 'interrupted')
+        b = llm('hello', max_tokens=20, temperature=0, stream=True)
+        next(b)
+        del b  # dropped: the Llama is free again, for every thread
+        t = threading.Thread(target=lambda: llm('x', max_tokens=1))
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+    """),
+    # a call waiting for another thread's stream is woken by close() and raises ClosedError
+    "close_while_a_call_waits_for_a_stream": textwrap.dedent("""
+        s = llm('hello', max_tokens=50, stream=True)
+        next(s)
+        got = []
+        def call():
+            try:
+                llm('x', max_tokens=1)
+            except ClosedError as e:
+                got.append(e)
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive()  # waiting for the stream
+        llm.close()
+        t.join(30)
+        assert not t.is_alive() and got, got
+        print("RAISED ClosedError in the waiting thread")
+    """),
+    # ggml's per-thread arrays end at GGML_MAX_N_THREADS (512): more ended the process at the first decode
+    "threads_past_the_machine": textwrap.dedent("""
+        from pyllama_moe.params import max_threads
+        for kw in ({"n_threads": 100000}, {"n_threads_batch": 100000}, {"n_threads": max_threads() + 1}):
+            expect(ValueError, lambda: Llama(sys.argv[1], n_ctx=64, verbose=False, **kw)('hi', max_tokens=2),
+                   list(kw)[0])
+        expect(ValueError, lambda: llm._ctx.set_n_threads(100000, 1), 'n_threads')
+        with Llama(sys.argv[1], n_ctx=64, verbose=False, n_threads=max_threads()) as ok:
+            assert ok('hi', max_tokens=2)['usage']['completion_tokens'] <= 2
+    """),
+    # every handle of a closed Llama (and a closed sampler) raises ClosedError from each public method; its
+    # pointer used to stay, freed, behind llm._vocab.piece(1)
+    "use_after_close": textwrap.dedent('''
+        import inspect
+        from pyllama_moe.sampler import Sampler, SamplingParams
+        sampler = Sampler(llm._vocab, SamplingParams(temperature=0.8))
+        handles = {"vocab": llm._vocab, "model": llm._model, "context": llm._ctx, "batch": llm._batch,
+                   "sampler": sampler}
+        ARGS = {"token": 1, "tokens": [1, 2], "text": b"hi", "special": False, "add_special": True,
+                "parse_special": False, "ids": [1], "i": 0, "idx": -1, "n": 1, "seq_id": 0, "src": 0, "dst": 1,
+                "p0": 0, "p1": -1, "delta": 1, "data": b"x", "path": "/nonexistent/state", "capacity": 4,
+                "fn": None, "n_threads": 1, "n_threads_batch": 1, "batch": llm._batch, "ctx": llm._ctx,
+                "logits": np.zeros(llm.n_vocab(), np.float32), "pos0": 0, "all_logits": False,
+                "last_logits": True, "pos": 0, "name": None}
+        KEEP = {"close", "closed", "ctx"}  # what works closed: close again, ask whether closed, the bare pointer
+        llm.close()
+        sampler.close()
+        expect(ClosedError, lambda: handles["vocab"].piece(1), "closed")
+        checked = 0
+        for what, h in handles.items():
+            for name, attr in inspect.getmembers(type(h)):
+                if name.startswith("_") or name in KEEP:
+                    continue
+                if isinstance(attr, property):
+                    call = lambda: getattr(h, name)
+                elif callable(attr):
+                    params = inspect.signature(getattr(h, name)).parameters.values()
+                    kw = {p.name: ARGS[p.name] for p in params if p.default is inspect.Parameter.empty}
+                    call = lambda: getattr(h, name)(**kw)
+                else:
+                    continue
+                expect(ClosedError, call, "closed")
+                checked += 1
+        assert checked >= 60, checked
+        print("RAISED ClosedError from", checked, "methods")
+    '''),
+    # llama.cpp takes {3,1} for 2**64 - 2 optional copies (48 s, 9.9 GB before it gives up), {0,100000} for an
+    # unbounded count, and nested repetitions explode its matcher's stacks: refused first, each in a millisecond
+    "grammar_repetition_runaway": textwrap.dedent("""
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails here, it cannot swap
+        for g in ['root ::= "a"{3,1}', 'root ::= "a"{0,100000}', 'root ::= ("a"{0,2000}){0,2000}',
+                  'r ::= "a"{0,300}\\nroot ::= "x" r{0,300} "y"', 'root ::= "a"{' + '9' * 40 + '}']:
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            t0 = time.monotonic()
+            expect(ValueError, lambda: llm('hi', max_tokens=4, grammar=g), "grammar: rule 'root'")
+            expect(ValueError, lambda: llm('hi', max_tokens=4, grammar=LlamaGrammar.from_string(g)), "rule")
+            assert time.monotonic() - t0 < 1, (g, time.monotonic() - t0)
+            assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100 << 10, g  # KiB
+        # the same bounds on JSON schemas: a reversed pair, a bound past the limit
+        for schema, match in (({"type": "array", "minItems": 3, "maxItems": 1}, "minItems"),
+                              ({"type": "string", "maxLength": 10**6}, "maxLength")):
+            expect(ValueError, lambda: llm.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=2,
+                   response_format={"type": "json_object", "schema": schema}), match)
+        assert llm('hi', max_tokens=2)['usage']['completion_tokens'] <= 2
     """),
     # close() from another thread waits for the step in progress; the stream then raises ClosedError
     "close_during_a_stream": textwrap.dedent("""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pyllama_moe.errors import ClosedError, LlamaError
+from pyllama_moe.ffi import lib
 from pyllama_moe.llama import Llama
 from pyllama_moe.llama_types import LogitsProcessorList, StoppingCriteriaList
 
@@ -292,6 +293,41 @@ def test_n_ctx_too_small_for_the_prompt(path: Path) -> None:
         prompt = " ".join(["word"] * (n - 4))
         r = m(prompt, max_tokens=100, temperature=0)  # cut to what fits
         assert r["usage"]["total_tokens"] <= n
+
+
+def test_generation_stops_at_the_context_asked_for(path: Path) -> None:
+    # llama.cpp rounds n_ctx=32 up to 256: 102 tokens came back from a 32-token context (issue #48). Now the
+    # completion stops where the context asked for ends, with finish_reason "length", as llama-cpp-python's
+    with Llama(str(path), n_ctx=32, verbose=False) as m:
+        assert m.n_ctx() == 32 and lib.llama_n_ctx(m.ctx) == 256
+        for max_tokens in (200, 0, None, -1):
+            r = m("hello", max_tokens=max_tokens, temperature=0)
+            assert r["usage"]["total_tokens"] == 32 and r["choices"][0]["finish_reason"] == "length", r["usage"]
+        chunks = list(m("hello", max_tokens=200, temperature=0, stream=True))
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert "".join(c["choices"][0]["text"] for c in chunks) == text(m("hello", max_tokens=200, temperature=0))
+        assert len(list(m.generate(m.tokenize(b"hello"), temp=0))) == 32 - len(m.tokenize(b"hello"))
+        with pytest.raises(ValueError, match="exceed context window of 32"):
+            m(list(range(100, 132)), max_tokens=1)
+        with pytest.raises(ValueError, match="exceed context window of 32"):
+            m.eval(list(range(100, 133)))
+
+
+def test_a_state_of_another_model_is_refused(path: Path, tmp_path: Path) -> None:
+    # the same shape, other weights: llama.cpp took its KV cache for this model's (issue #48)
+    other_path = model_path("qwen3moe", seed=7)
+    with Llama(str(path), n_ctx=64, verbose=False) as m, Llama(str(other_path), n_ctx=64, verbose=False) as other:
+        m.eval(m.tokenize(b"hello world"))
+        state = m.save_state()
+        assert state.model_id == m._model.fingerprint() != other._model.fingerprint()
+        with pytest.raises(ValueError, match="another model"):
+            other.load_state(state)
+        pickled = pickle.loads(pickle.dumps(state))
+        m.reset()
+        m.load_state(pickled)  # its own model takes it back, pickled or not
+        assert m.n_tokens == len(m.tokenize(b"hello world"))
+        state.model_id = None  # a state made without one (by hand, or pickled before the field) is not checked
+        other.load_state(state)
 
 
 def test_embeddings(path: Path) -> None:
