@@ -18,7 +18,7 @@ from pyllama_moe.chat.formats import (
     ChatFormatNotFoundError,
     get_chat_completion_handler,
 )
-from pyllama_moe.chat.handler import LlamaChatCompletionHandler
+from pyllama_moe.chat.handler import LlamaChatCompletionHandler, check_tools
 from pyllama_moe.chat.template import Jinja2ChatFormatter
 
 __all__ = [
@@ -144,6 +144,7 @@ def create_chat_completion(llama: Any, messages: list[dict[str, Any]], **kwargs:
     of them, those left out with :func:`chat_completion_defaults`.
     """
     check_messages(messages)
+    check_tools(kwargs)
     return resolve_chat_handler(llama)(llama=llama, messages=messages, **{**chat_completion_defaults(), **kwargs})
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "ChatFormatterResponse",
     "LlamaChatCompletionHandler",
     "chat_formatter_to_chat_completion_handler",
+    "check_tools",
     "completion_kwargs",
     "convert_completion_to_chat",
     "convert_completion_to_chat_function",
@@ -102,8 +103,53 @@ def _stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
+def _check_function(what: str, f: Any) -> None:
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+        raise ValueError(f"{what} must be a dict with a 'name' string (and 'parameters', a JSON schema), "
+                         f"got {f!r:.100}")
+    params = f.get("parameters")
+    if params is not None and not isinstance(params, (dict, bool)):
+        raise ValueError(f"{what}.parameters must be a JSON schema (a dict), got {params!r:.100}")
+
+
+def check_tools(kwargs: dict[str, Any]) -> None:
+    """ValueError naming the argument for ``functions``, ``tools``, ``function_call`` or ``tool_choice`` in a shape no
+    handler can use (a function without a name, a choice that is neither a mode nor a function's name)."""
+    for key in ("functions", "tools"):
+        value = kwargs.get(key)
+        if value is not None and not isinstance(value, list):
+            raise ValueError(f"{key} must be a list, got {value!r:.100}")
+    for i, f in enumerate(kwargs.get("functions") or []):
+        _check_function(f"functions[{i}]", f)
+    for i, t in enumerate(kwargs.get("tools") or []):
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise ValueError(f"tools[{i}] must be a dict with 'type': 'function' and a 'function', got {t!r:.100}")
+        _check_function(f"tools[{i}].function", t.get("function"))
+    function_call = kwargs.get("function_call")
+    if isinstance(function_call, dict):
+        _check_function("function_call", function_call)
+    elif function_call not in (None, "none", "auto"):
+        raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, got {function_call!r:.100}")
+    tool_choice = kwargs.get("tool_choice")
+    if tool_choice is not None and tool_choice not in ("none", "auto", "required"):
+        if not isinstance(tool_choice, dict) or not isinstance(tool_choice.get("function"), dict) \
+                or not isinstance(tool_choice["function"].get("name"), str):
+            raise ValueError("tool_choice must be 'none', 'auto', 'required' or "
+                             f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r:.100}")
+    names = {f["name"] for f in kwargs.get("functions") or []}
+    names |= {t["function"]["name"] for t in kwargs.get("tools") or []}
+    chosen = (("function_call", function_call.get("name") if isinstance(function_call, dict) else None),
+              ("tool_choice", tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None))
+    for key, name in chosen:  # (without any, the handlers pass over a choice)
+        if name is not None and names and name not in names:  # llama-cpp-python's words for tool_choice
+            raise ValueError(f"Tool choice '{name}' not found in tools." if key == "tool_choice" else
+                             f"function_call: the function {name!r} is not among the functions given")
+
+
 def tools_and_choice(kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, Any]:
-    """``tools`` and ``tool_choice``, with the legacy ``functions`` / ``function_call`` turned into them."""
+    """``tools`` and ``tool_choice``, with the legacy ``functions`` / ``function_call`` turned into them (checked
+    first: :func:`check_tools`)."""
+    check_tools(kwargs)
     tools = kwargs.get("tools")
     tool_choice = kwargs.get("tool_choice")
     functions = kwargs.get("functions")

@@ -88,7 +88,10 @@ class Jinja2ChatFormatter:
         self._template = compile_template(template)
 
     def render(self, messages: list[dict[str, Any]], **variables: Any) -> str:
-        """The template's text for ``messages`` (``variables`` override the defaults)."""
+        """The template's text for ``messages`` (``variables`` override the defaults). A ``null`` content (an
+        assistant's message of tool calls, which OpenAI allows) is rendered as empty text: templates concatenate it."""
+        messages = [{**m, "content": ""} if isinstance(m, dict) and m.get("content", "") is None else m
+                    for m in messages]
         context: dict[str, Any] = {
             "messages": messages,
             "eos_token": self.eos_token,
@@ -106,8 +109,9 @@ class Jinja2ChatFormatter:
             return self._template.render(**context)
         except jinja2.exceptions.SecurityError:
             raise  # the template tried what the sandbox forbids: its own fault, kept as it is
-        except jinja2.TemplateError as e:
-            # the messages do not fit the template (a missing field, a role it refuses): the request's fault
+        except (jinja2.TemplateError, TypeError) as e:
+            # the messages do not fit the template (a missing field, a role it refuses, a value of the wrong type it
+            # adds to a string): the request's fault
             raise ValueError(f"the chat template cannot render these messages: {e}") from e
 
     def __call__(self, *, messages: list[dict[str, Any]], functions: Any = None, function_call: Any = None,

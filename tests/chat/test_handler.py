@@ -142,3 +142,57 @@ def test_tool_grammars_are_valid_for_llama_cpp(vocab: Any) -> None:
     choice = 'root ::= functions | "message:"\nfunctions ::= "functions.get_weather:"\n'
     c = Grammar(vocab, choice)
     assert c.accepts("message:") and c.accepts("functions.get_weather:") and not c.accepts("functions.other:")
+
+
+# --------------------------------------------------------------------------------------------
+# requests no handler can use (issue #48): a ValueError naming the argument, never a TypeError or a KeyError
+
+
+def test_a_null_content_renders_as_empty_text() -> None:
+    # OpenAI's assistant message of tool calls has "content": null; a template that adds it to a string raised
+    # TypeError (a 500 from the server)
+    template = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}|{% endfor %}"
+    formatter = chat.Jinja2ChatFormatter(template, eos_token="</s>", bos_token="")
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]
+    assert formatter.render(messages) == "user: hi|assistant: |tool: sunny|"
+    assert messages[1]["content"] is None  # the caller's message is left as it was
+    llama = StubLlama()
+    llama.chat_handler = formatter.to_chat_handler()
+    assert chat.create_chat_completion(llama, messages=messages)["choices"][0]["message"]["content"] == "ok"
+    with pytest.raises(ValueError, match="cannot render"):  # another value a template cannot add: the request's
+        formatter.render([{"role": "user", "content": [{"type": "text", "text": "x"}]}])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"functions": [{"foo": 1}]}, r"functions\[0\] must be a dict with a 'name'"),
+    ({"functions": {"name": "f"}}, "functions must be a list"),
+    ({"functions": [{"name": "f", "parameters": "x"}]}, r"functions\[0\].parameters"),
+    ({"tools": [{"type": "function"}]}, r"tools\[0\].function must be a dict"),
+    ({"tools": [{"type": "retrieval"}]}, r"tools\[0\] must be a dict with 'type': 'function'"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"function": {}}}, "tool_choice must be"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "always"}, "tool_choice must be"),
+    ({"functions": [WEATHER_TOOL["function"]], "function_call": {"name": "g"}}, "function_call: the function 'g'"),
+    ({"functions": [WEATHER_TOOL["function"]], "function_call": 5}, "function_call must be"),
+    ({"response_format": {"type": "json_object", "schema": {"type": "array", "minItems": 3, "maxItems": 1}}},
+     "response_format: invalid JSON schema: root: minItems 3 is above maxItems 1"),
+    ({"response_format": {"type": "json_object", "schema": {"type": "foo"}}}, "unknown type"),
+    ({"response_format": {"type": "json_object", "schema": 5}}, "must be an object or a boolean"),
+    ({"response_format": ["json"]}, "response_format must be a dict"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "maxLength": -1}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool 'f': invalid JSON schema"),
+])
+@pytest.mark.parametrize("chat_format", ["chatml", "chatml-function-calling"])
+def test_malformed_tools_and_schemas_name_the_argument(kwargs: dict[str, Any], match: str, chat_format: str) -> None:
+    llama = StubLlama(chat_format=chat_format)
+    with pytest.raises(ValueError, match=match):
+        chat.create_chat_completion(llama, messages=NO_SYSTEM, **kwargs)
+    assert llama.calls == []  # refused before any completion
+
+
+def test_a_schema_beyond_the_converter_still_falls_back_to_plain_json() -> None:
+    llama = StubLlama(chat_format="chatml")
+    chat.create_chat_completion(llama, messages=NO_SYSTEM, response_format={"type": "json_object", "schema": {
+        "type": "object", "properties": {"a": {"not": {}}}}})
+    assert llama.calls[0]["grammar"] == JSON_GBNF

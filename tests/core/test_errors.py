@@ -107,6 +107,24 @@ def test_bad_request_values(path: Path) -> None:
         assert m("hello", max_tokens=1)["usage"]["completion_tokens"] <= 1  # still usable
 
 
+def test_wrong_types_are_value_errors_naming_the_argument(path: Path) -> None:
+    # AttributeError, RecursionError and a bare ConnectionError before (issue #48)
+    deep: dict[str, object] = {"type": "array"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with Llama(str(path), n_ctx=64, verbose=False, embedding=True, pooling_type=1) as m:
+        user = [{"role": "user", "content": "x"}]
+        for rf, match in ((deep, "nested more than"), ("json", "response_format must be a dict"),
+                          ({"type": "json_schema", "json_schema": "x"}, "json_schema must be a dict")):
+            with pytest.raises(ValueError, match=match):
+                m.create_chat_completion(user, max_tokens=1, response_format=(
+                    {"type": "json_object", "schema": rf} if rf is deep else rf))
+        for bad in ([1, 2], 5, None, [b"x"]):
+            with pytest.raises(ValueError, match="input must be a string or a list of strings"):
+                m.embed(bad)  # type: ignore[arg-type]
+        assert len(m.embed("x")) == m.n_embd()
+
+
 def test_unknown_keywords_are_ignored_with_a_warning(path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="pyllama_moe"):
         Llama(str(path), n_ctx=64, verbose=False, not_a_parameter=1).close()
