@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pyllama_moe.errors import ContextLengthError
-from pyllama_moe.server import sse
-from pyllama_moe.server.model import ModelPool, ServedModel
+from pyllama_moe.server import limits, sse
+from pyllama_moe.server.model import ModelNotServedError, ModelPool, ServedModel
 from pyllama_moe.server.settings import ModelSettings, ServerSettings
 
 
@@ -52,6 +52,7 @@ class CompletionRequest(_Sampling):
     temperature: float = 0.8
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
+    best_of: int = Field(default=1, ge=1, le=1, description="one completion per request")
 
 
 class ChatRequest(_Sampling):
@@ -94,10 +95,14 @@ def _error_of(e: BaseException, param: str | None = None) -> JSONResponse:
                       code="context_length_exceeded", param=param)
     if isinstance(e, PermissionError):
         return _error(401, str(e), "authentication_error")
-    if isinstance(e, LookupError):
+    if isinstance(e, ModelNotServedError):
         return _error(404, str(e).strip("'\""), "invalid_request_error", code="model_not_found", param="model")
+    if isinstance(e, limits.RequestLimitError):
+        return _error(400, str(e), param=e.param)
     if isinstance(e, ValueError):
         return _error(400, str(e))
+    if isinstance(e, RecursionError):  # a body nested deeper than Python's json reads
+        return _error(400, "the request is nested too deeply")
     return _error(500, f"{type(e).__name__}: {e}", "server_error")
 
 
@@ -118,7 +123,7 @@ def _completion_args(body: CompletionRequest) -> dict[str, Any]:
         prompt = prompt[0]
     # the model named in the request goes through, as llama-cpp-python's server passes it: the response's ``model``
     # is that name, or the model's path when the request names none
-    args = body.model_dump(exclude={"n", "user", "prompt", "logit_bias", "grammar"}, exclude_none=True)
+    args = body.model_dump(exclude={"n", "best_of", "user", "prompt", "logit_bias", "grammar"}, exclude_none=True)
     args["logit_bias"] = _bias(body.logit_bias)
     if body.grammar is not None:
         args["grammar"] = body.grammar
@@ -200,15 +205,20 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
+        model = pool.get(body.model)
+        # before the request waits for its model (a grammar's check can take a few milliseconds: off the loop)
+        await anyio.to_thread.run_sync(limits.check_completion, body, model.n_ctx, server)
         args = _completion_args(body)
-        return await generate(pool.get(body.model), lambda llama: llama.create_completion(**args), body.stream)
+        return await generate(model, lambda llama: llama.create_completion(**args), body.stream)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
         if len(body.messages) > server.max_messages:
             raise ValueError(f"more than {server.max_messages} messages (max_messages)")
+        model = pool.get(body.model)
+        await anyio.to_thread.run_sync(limits.check_chat, body, model.n_ctx, server)
         args = _chat_args(body)
-        return await generate(pool.get(body.model), lambda llama: llama.create_chat_completion(**args), body.stream)
+        return await generate(model, lambda llama: llama.create_chat_completion(**args), body.stream)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> Any:

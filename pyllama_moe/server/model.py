@@ -19,15 +19,26 @@ class Stats:
     busy_seconds: float = 0.0
 
 
+class ModelNotServedError(LookupError):
+    """A request names a model this server does not serve (a 404, ``model_not_found``)."""
+
+
 @dataclass
 class ServedModel:
-    """One model behind a lock: requests queue on it; ``stop`` asks a running stream to end."""
+    """One model behind a lock: requests queue on it; ``stop`` asks a running stream to end. ``n_ctx`` is its
+    context, read once at the start, so that requests are checked against it without waiting for the lock."""
 
     settings: ModelSettings
     llama: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     stats: Stats = field(default_factory=Stats)
+    n_ctx: int | None = None
+
+    def __post_init__(self) -> None:
+        n_ctx = getattr(self.llama, "n_ctx", None)
+        if self.n_ctx is None and callable(n_ctx):
+            self.n_ctx = int(n_ctx())
 
     def run(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(llama)`` alone on the model (blocking; call it from a worker thread)."""
@@ -71,7 +82,7 @@ class ModelPool:
         try:
             return self.models[name]
         except KeyError:
-            raise LookupError(f"model {name!r} is not served here; models: {', '.join(self.models)}") from None
+            raise ModelNotServedError(f"model {name!r} is not served here; models: {', '.join(self.models)}") from None
 
     def close(self) -> None:
         for m in self.models.values():

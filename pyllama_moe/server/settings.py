@@ -85,6 +85,8 @@ class ServerSettings(BaseSettings):
     # limits no real client reaches: a request past them is refused before it holds a model
     max_request_bytes: int = Field(default=32 << 20, ge=1, description="largest request body (HTTP 413 beyond)")
     max_messages: int = Field(default=10_000, ge=1, description="most chat messages in one request")
+    max_grammar_bytes: int = Field(default=128 << 10, ge=1, description="largest 'grammar' of a request (HTTP 400)")
+    max_logprobs: int = Field(default=20, ge=0, description="most 'logprobs' / 'top_logprobs' of a request (HTTP 400)")
 
 
 class ConfigFile(ServerSettings):

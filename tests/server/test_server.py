@@ -17,6 +17,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from pyllama_moe.server import ModelSettings, ServerSettings, create_app, parse_args  # noqa: E402
+from pyllama_moe.server.protocol import protocol_class  # noqa: E402
 
 SMALL = {"n_ctx": 512, "n_batch": 64, "n_ubatch": 64, "verbose": False}
 
@@ -34,7 +35,9 @@ class Running:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        # the protocol python -m pyllama_moe.server runs with (its answer to an unparseable request is JSON)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    http=protocol_class()))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -313,3 +316,116 @@ def test_the_model_field_is_the_name_asked_for(server: Running, tiny: Path) -> N
     assert field("/v1/completions", {"prompt": "a", "max_tokens": 1}) == str(tiny)
     assert field("/v1/chat/completions", {"model": "tiny", "messages": user, "max_tokens": 1}) == "tiny"
     assert field("/v1/embeddings", {"model": "embed", "input": "x"}) == "embed"
+
+
+# --------------------------------------------------------------------------------------------
+# issue #48: what one request may cost, and the requests that got a 500, a 404 or a 200 they should not have
+
+
+def _raw(server: Running, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Bytes sent as they are (not HTTP a client library would write); the answer's status, headers and body."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(data)
+        buf = b""
+        while True:
+            got = sock.recv(65536)
+            if not got:
+                break
+            buf += got
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_a_malformed_http_request_gets_an_openai_error(server: Running) -> None:
+    import json
+
+    for data in (b"GARBAGE\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                 b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"):
+        status, headers, body = _raw(server, data)
+        assert status == 400 and headers["content-type"] == "application/json", (data, headers, body)
+        err = json.loads(body)["error"]
+        assert err["type"] == "invalid_request_error" and err["message"]
+    deep = b"[" * 100_000  # deeper than Python's json reads
+    status, _, body = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                   b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(deep) + deep)
+    assert status == 400 and "error" in json.loads(body)
+    assert httpx.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_null_content_tools_and_schemas(server: Running) -> None:
+    chat = "/v1/chat/completions"
+    user = [{"role": "user", "content": "x"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    # an assistant's tool calls with "content": null (OpenAI's shape): a 500 before, TypeError in the template
+    r = _post(server, chat, {"model": "tiny", "max_tokens": 2, "messages": [
+        *user, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "done", "tool_call_id": "c1"}]})
+    assert r.status_code == 200, r.text
+    # malformed functions: a 404 model_not_found whose message was "name"
+    err = _is_openai_error(_post(server, chat, {"model": "tiny", "messages": user, "functions": [{"foo": 1}],
+                                                "function_call": {"name": "f"}}), 400)
+    assert err["param"] == "functions" and "name" in err["message"] and err["code"] is None
+    err = _is_openai_error(_post(server, chat, {"model": "tiny", "messages": user, "tools": [{"type": "function"}],
+                                                "tool_choice": "auto"}), 400)
+    assert err["param"] == "tools"
+    # invalid response_format schemas: a 200 with any JSON before
+    for schema in ({"type": "array", "minItems": 3, "maxItems": 1}, {"type": "foo"}, 5,
+                   {"type": "string", "maxLength": -1}):
+        err = _is_openai_error(_post(server, chat, {"model": "tiny", "messages": user, "max_tokens": 2,
+                                                    "response_format": {"type": "json_object", "schema": schema}}), 400)
+        assert err["param"] == "response_format" and "invalid JSON schema" in err["message"]
+    err = _is_openai_error(_post(server, chat, {"model": "tiny", "messages": user,
+                                                "response_format": {"type": "json_schema", "json_schema": "x"}}), 400)
+    assert err["param"] == "response_format"
+
+
+def test_per_request_bounds_are_400s_at_once_even_while_the_model_is_busy(server: Running) -> None:
+    import json
+
+    chat, comp = "/v1/chat/completions", "/v1/completions"
+    user = [{"role": "user", "content": "x"}]
+    cases = [
+        (comp, {"prompt": "x", "max_tokens": 100_000}, "max_tokens"),
+        (chat, {"messages": user, "max_tokens": 513}, "max_tokens"),
+        (comp, {"prompt": "x", "logprobs": 21}, "logprobs"),
+        (chat, {"messages": user, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        (comp, {"prompt": "x", "best_of": 2}, None),
+        (comp, {"prompt": "x", "n": 2}, None),
+        (comp, {"prompt": "x", "grammar": 'root ::= "a"{3,1}'}, "grammar"),
+        (chat, {"messages": user, "grammar": 'root ::= "a"{0,100000}'}, "grammar"),
+        (chat, {"messages": user, "grammar": 'r ::= "a"{0,300}\nroot ::= r{0,300}'}, "grammar"),
+        (comp, {"prompt": "x", "grammar": 'root ::= "' + "a" * (200 << 10) + '"'}, "grammar"),
+    ]
+    # a long stream holds the model (interrupt_requests is off): the refusals do not wait for it
+    with httpx.stream("POST", server.url + comp, timeout=120, json={
+            "model": "tiny", "prompt": "a", "max_tokens": 400, "temperature": 0, "stream": True}) as busy:
+        lines = busy.iter_lines()
+        assert next(lines).startswith("data: ")
+        for path, body, param in cases:
+            t0 = time.monotonic()
+            err = _is_openai_error(_post(server, path, {"model": "tiny", **body}), 400)
+            assert time.monotonic() - t0 < 1, (body, time.monotonic() - t0)
+            assert param is None or err["param"] == param, (err, param)
+        rest = [ln for ln in lines if ln]
+    assert rest[-1] == "data: [DONE]" and not any('"error"' in ln for ln in rest)
+    # within the bounds: a prompt and its completion share the context, which ends the completion ("length")
+    r = _post(server, comp, {"model": "tiny", "prompt": "a", "max_tokens": 512, "temperature": 0,
+                             "logit_bias": {str(t): -100.0 for t in (151643, 151645)}})
+    assert r.status_code == 200 and r.json()["usage"]["total_tokens"] <= 512
+    assert json.dumps(r.json()["choices"][0]["finish_reason"]) in ('"length"', '"stop"')
+
+
+def test_thread_counts_are_refused_with_the_settings() -> None:
+    from pydantic import ValidationError
+
+    from pyllama_moe.params import max_threads
+
+    for name in ("n_threads", "n_threads_batch"):
+        with pytest.raises(ValidationError, match=name):
+            ModelSettings(model="m.gguf", **{name: 100_000})
+        assert getattr(ModelSettings(model="m.gguf", **{name: max_threads()}), name) == max_threads()
+    with pytest.raises(ValidationError, match="n_threads"):
+        parse_args(["--model", "m.gguf", "--n_threads", "100000"])
