@@ -4,9 +4,13 @@
 
 GGUF: copies of MODEL with one metadata value set to an edge value (0, 1, the type's largest, negative,
 NaN, inf, random), a header byte flipped, or the file cut short; each is loaded and, when it loads, tokenizes
-and generates two tokens. API: random prompts (bytes, code points), grammars, sampling values and token ids.
-Cases run in batches in a child process; a batch that dies is run again case by case to name the one that
-kills it. Prints the counts (cases, clean errors, crashes, hangs) and exits 1 on any crash or hang.
+and generates two tokens. API: random prompts (bytes, code points), grammars, sampling values and token ids; thread
+counts around the machine's and ggml's limits; grammars with reversed, huge and nested repetition bounds; a handle
+of a closed Llama used (issue #48). Cases run in batches in a child process; a batch that dies is run again case by
+case to name the one that kills it, and a case that takes more than RUNAWAY_SECONDS or grows the child's memory by
+more than RUNAWAY_MIB is a hang (a grammar that runs away in llama.cpp's parser ends at the child's address-space
+limit, gigabytes later). Prints the counts (cases, clean errors,
+crashes, hangs) and exits 1 on any crash or hang. ``--kinds`` runs some kinds only.
 """
 
 from __future__ import annotations
@@ -23,14 +27,31 @@ from pathlib import Path
 from typing import Any
 
 CHILD = """
-import json, sys
+import json, os, resource, sys, time
 import numpy as np
 from pyllama_moe import Llama
 cases = json.loads(sys.stdin.read())
+# a runaway fails at 4 GiB rather than swap the machine; each thread the batch may start reserves its stack (8 MiB,
+# OpenMP keeps its threads) in the address space, 512 of them at most before ggml's arrays end
+threads = max([v for c in cases if c["kind"] == "threads" for v in c["args"].values()] + [os.cpu_count() or 1])
+limit = (4 << 30) + (16 << 20) * max(1, min(threads, 512))
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 llm = None
+def cost(t0, rss0):
+    return round(time.monotonic() - t0, 2), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) >> 10
 for c in cases:
+    t0, rss0 = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
-        if c["kind"] == "gguf":
+        if c["kind"] == "threads":
+            with Llama(c["model"], n_ctx=64, verbose=False, **c["args"]) as m:
+                m("hi", max_tokens=2, temperature=0)
+        elif c["kind"] == "closed":
+            m = Llama(c["model"], n_ctx=64, verbose=False)
+            handles = {"vocab": m._vocab, "model": m._model, "context": m._ctx, "batch": m._batch, "llama": m}
+            m.close()
+            h, a = handles[c["args"]["handle"]], c["args"]
+            getattr(h, a["method"])(*[x[2:].encode() if str(x).startswith("b:") else x for x in a["call"]])
+        elif c["kind"] == "gguf":
             with Llama(c["path"], n_ctx=64, verbose=False) as m:
                 m.tokenize(b"hello world")
                 m("hi", max_tokens=2, temperature=0)
@@ -46,10 +67,15 @@ for c in cases:
             elif c["kind"] == "eval":
                 llm.reset()
                 llm.eval(a["tokens"])
-        print("OK", flush=True)
+        print("OK", *cost(t0, rss0), flush=True)
     except Exception as e:
-        print("ERR", type(e).__name__, flush=True)
+        print("ERR", *cost(t0, rss0), type(e).__name__, flush=True)
 """
+
+# a case that takes longer or grows the child's peak memory more ran away (a model load and two tokens take under a
+# second and a few MiB; llama.cpp's parser took 48 s and 9.9 GB for a reversed repetition before it gave up)
+RUNAWAY_SECONDS = 20.0
+RUNAWAY_MIB = 1024
 
 EDGE_INTS = [0, 1, 2, 3, 7, 255, 256, 65535, 2**31 - 1, 2**31, 2**32 - 1]
 EDGE_FLOATS = [0.0, -0.0, 1.0, -1.0, 1e-30, 1e30, float("nan"), float("inf"), float("-inf")]
@@ -101,8 +127,44 @@ class Mutator:
         return {"kind": "gguf", "path": str(out), "what": what}
 
 
-def api_case(model: Path, rng: random.Random) -> dict[str, Any]:
-    kind = rng.choice(["tokenize", "complete", "complete", "eval"])
+API_KINDS = ["tokenize", "complete", "complete", "eval", "threads", "repetition", "closed"]
+
+
+def repetition_grammar(rng: random.Random) -> str:
+    """A grammar whose repetition bounds are reversed, huge, or nested in one another (in a group or a rule)."""
+    big = [0, 1, 2, 40, 300, 1999, 2000, 2001, 65535, 100000, 2**32, 2**64, 10**30]
+    m, n = rng.choice(big), rng.choice(big)
+    rep = rng.choice([f"{{{m},{n}}}", f"{{{m}}}", f"{{{m},}}", f"{{{max(m, n)},{min(m, n)}}}"])
+    inner = rng.choice(['"a"', "[a-c]", '"ab"', "."]) + rep
+    outer = rng.choice(["", rep, f"{{0,{rng.choice(big)}}}", "*", "+"])
+    if rng.random() < 0.5:
+        return f"r ::= {inner}\nroot ::= \"x\" r{outer} \"y\""
+    return f"root ::= \"x\" ({inner}){outer} \"y\""
+
+
+# a handle of a closed Llama, a method, its arguments ("b:..." is bytes): SIGSEGV through a dangling pointer before
+CLOSED_CALLS: list[tuple[str, str, list[Any]]] = [
+    ("vocab", "piece", [1]), ("vocab", "bos", []), ("vocab", "tokenize", ["b:hi"]), ("vocab", "detokenize", [[1, 2]]),
+    ("model", "n_embd", []), ("model", "metadata", []), ("model", "fingerprint", []),
+    ("context", "logits_ith", [-1]), ("context", "seq_pos_max", [0]), ("context", "state_get", []),
+    ("context", "set_n_threads", [1, 1]), ("batch", "set_one", [1, 0]), ("batch", "set_tokens", [[1, 2], 0, False]),
+    ("llama", "tokenize", ["b:hi"]), ("llama", "create_completion", ["hi"])]
+
+
+def api_case(model: Path, rng: random.Random, kinds: list[str] = API_KINDS) -> dict[str, Any]:
+    kind = rng.choice(kinds)
+    if kind == "threads":
+        counts = [-1, 0, 1, 2, 7, 8, 9, 64, 511, 512, 513, 100000, 2**31]
+        args = {rng.choice(["n_threads", "n_threads_batch"]): rng.choice(counts)}
+        return {"kind": kind, "model": str(model), "args": args, "what": f"threads {args}"}
+    if kind == "repetition":
+        text = repetition_grammar(rng)
+        return {"kind": "complete", "model": str(model), "what": f"repetition grammar={text!r}",
+                "args": {"prompt": "hi", "grammar": text, "sampling": {"temperature": rng.choice([0, 0.8])}}}
+    if kind == "closed":
+        handle, method, call = rng.choice(CLOSED_CALLS)
+        return {"kind": kind, "model": str(model), "args": {"handle": handle, "method": method, "call": call},
+                "what": f"closed {handle}.{method}{tuple(call)}"}
     if kind == "tokenize":
         raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
         return {"kind": kind, "model": str(model), "args": {"text": raw.hex(), "special": rng.random() < 0.5},
@@ -135,6 +197,8 @@ def run(cases: list[dict[str, Any]], timeout: float) -> tuple[list[str] | None, 
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("OK", "ERR"))]
     if res.returncode != 0 or len(lines) != len(cases):
         return None, res.returncode
+    if any(float(ln.split()[1]) > RUNAWAY_SECONDS or int(ln.split()[2]) > RUNAWAY_MIB for ln in lines):
+        return None, 124  # a case ran away: found and counted as a hang, alone
     return lines, 0
 
 
@@ -144,7 +208,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--batch", type=int, default=12)
+    ap.add_argument("--kinds", help="comma-separated kinds to run only (gguf, " + ", ".join(API_KINDS) + ")")
     args = ap.parse_args()
+    kinds = args.kinds.split(",") if args.kinds else ["gguf", *API_KINDS]
+    gguf_share = 0.6 if "gguf" in kinds else 0.0
+    api_kinds = [k for k in kinds if k != "gguf"]
     rng = random.Random(args.seed)
     mut = Mutator(args.model, rng)
     counts = {"cases": 0, "ok": 0, "clean errors": 0, "crashes": 0, "hangs": 0}
@@ -152,8 +220,8 @@ def main() -> int:
     deadline = time.monotonic() + args.seconds
     with tempfile.TemporaryDirectory(prefix="pyllama-moe-fuzz-") as tmp:
         while time.monotonic() < deadline:
-            cases = [mut.case(Path(tmp) / f"f{i}.gguf") if rng.random() < 0.6 else api_case(args.model, rng)
-                     for i in range(args.batch)]
+            cases = [mut.case(Path(tmp) / f"f{i}.gguf") if not api_kinds or rng.random() < gguf_share
+                     else api_case(args.model, rng, api_kinds) for i in range(args.batch)]
             lines, _ = run(cases, timeout=30 + 10 * len(cases))
             if lines is None:  # a case killed the child: find it
                 lines = []
@@ -168,7 +236,7 @@ def main() -> int:
                         lines += one
             for ln in lines:
                 counts["cases"] += 1
-                if ln == "OK":
+                if ln.startswith("OK"):
                     counts["ok"] += 1
                 elif ln.startswith("ERR"):
                     counts["clean errors"] += 1
