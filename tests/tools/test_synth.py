@@ -129,6 +129,24 @@ def test_30b_a3b_plan_sizes_and_types() -> None:
     assert sum(x.role == "expert" for x in p.tensors) == 48 * 3
 
 
+def test_glm_4_5_air_plan() -> None:
+    p = synth.plan("glm-4.5-air")
+    s = p.shape
+    assert (s.arch, s.n_layer, s.n_block, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.rot) == (
+        "glm4moe", 46, 47, 4096, 96, 8, 128, 64)
+    assert (s.n_expert, s.n_expert_used, s.n_ff_exp, s.n_expert_shared, s.n_ff) == (128, 8, 1408, 1, 10944)
+    assert s.moe_layers == list(range(1, 46)) and s.expert_gating == 2  # a dense layer first; the NextN layer apart
+    assert len(p.tensors) == 3 + 12 + 46 * 17 + 4
+    assert p.expert_bytes == 46 * 3 * 4096 * 1408 * 128 // 32 * 18 == 54648 * MIB  # the NextN layer's experts too
+    assert p.tensor_bytes / GIB == pytest.approx(65.88, abs=0.01)
+    t = p.by_name()
+    assert t["blk.0.ffn_up.weight"].shape == (4096, 10944) and "blk.0.ffn_gate_inp.weight" not in t
+    assert t["blk.1.attn_q.weight"].shape == (4096, 12288) and t["blk.1.attn_q.bias"].shape == (12288,)
+    assert t["blk.45.ffn_down_shexp.weight"].shape == (1408, 4096) and t["blk.45.exp_probs_b.bias"].shape == (128,)
+    assert t["blk.46.ffn_up_exps.weight"].shape == (4096, 1408, 128)
+    assert t["blk.46.nextn.eh_proj.weight"].shape == (8192, 4096) and "blk.46.nextn.embed_tokens.weight" not in t
+
+
 def test_plan_follows_expert_type_and_overrides() -> None:
     p = synth.plan("30b-a3b", expert_type="q8_0", n_layer=2, n_expert=16)
     exps = [x for x in p.tensors if x.role == "expert"]
@@ -155,7 +173,8 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     r = read(tiny_files[arch])
     s = synth.resolve_shape("tiny", arch)
     assert value(r, "general.architecture") == arch
-    assert value(r, f"{arch}.block_count") == s.n_layer == (4 if arch == "llama4" else 2)  # llama4: a full layer
+    # llama4: a full-attention layer; glm4moe: a dense layer, two MoE ones and a NextN layer after them
+    assert value(r, f"{arch}.block_count") == s.n_block == {"llama4": 4, "glm4moe": 4}.get(arch, 2)
     assert value(r, f"{arch}.embedding_length") == 64
     assert value(r, f"{arch}.attention.head_count") == 4
     assert value(r, f"{arch}.attention.head_count_kv") == (4 if arch == "olmoe" else 2)  # olmoe: no GQA
@@ -217,6 +236,22 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
         assert tuple(got["blk.1.exp_probs_b.bias"].shape) == (8,)
         assert tuple(got["blk.1.ffn_up_shexp.weight"].shape) == (64, TINY.n_ff)
+    elif arch == "glm4moe":  # GLM-4.5: DeepSeek-V3's routing, attention biases, partial RoPE, a NextN layer
+        assert value(r, "glm4moe.leading_dense_block_count") == 1
+        assert "glm4moe.interleave_moe_layer_step" not in r.fields  # its loader reads none
+        assert value(r, "glm4moe.nextn_predict_layers") == 1 and s.n_layer == 3
+        assert value(r, "glm4moe.expert_shared_count") == 1 and value(r, "glm4moe.expert_gating_func") == 2  # sigmoid
+        assert value(r, "glm4moe.expert_weights_norm") is True and value(r, "glm4moe.expert_weights_scale") == 1.0
+        assert value(r, "glm4moe.rope.dimension_count") == 8 and "glm4moe.expert_group_count" not in r.fields
+        assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
+        assert tuple(got["blk.0.attn_k.bias"].shape) == (32,) and "blk.0.ffn_norm.weight" not in got
+        assert tuple(got["blk.2.post_attention_norm.weight"].shape) == (64,)
+        for il in (1, 2, 3):  # the NextN layer routes as the trunk's MoE layers
+            assert tuple(got[f"blk.{il}.exp_probs_b.bias"].shape) == (8,)
+            assert tuple(got[f"blk.{il}.ffn_up_shexp.weight"].shape) == (64, 32)  # one shared expert of n_ff_exp
+        assert tuple(got["blk.3.nextn.eh_proj.weight"].shape) == (128, 64)
+        assert {n for n in got if ".nextn." in n} == {f"blk.3.nextn.{t}.weight" for t in
+                                                      ("eh_proj", "enorm", "hnorm", "shared_head_norm")}
     elif arch == "llama4":  # MoE every other layer, a shared expert as wide as the experts
         assert value(r, "llama4.interleave_moe_layer_step") == 2
         assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
@@ -497,6 +532,15 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "qwen2moe", "head_dim": 32}, r"n_head \* head_dim"),  # its attention output is n_embd square
         ({"arch": "olmoe", "n_head_kv": 2}, "n_head_kv"),
         ({"arch": "llama4", "n_layer": 3}, "n_layer"),  # b11549 aborts without a full-attention layer
+        ({"n_nextn": 1}, "n_nextn is for the glm4moe"),  # DeepSeek-V3's routing's fields: not qwen3moe's
+        ({"expert_weights_scale": 2.5}, "expert_weights_scale"),
+        ({"arch": "glm4moe", "n_nextn": 2}, "n_nextn"),  # b11549's NextN graph aborts on two
+        ({"arch": "glm4moe", "expert_gating": 3}, "expert_gating"),
+        ({"arch": "glm4moe", "n_rot": 18}, "n_rot"),
+        ({"arch": "glm4moe", "n_expert_groups": 8}, "n_expert_groups"),  # b11549 asserts fewer groups than experts
+        ({"arch": "glm4moe", "n_expert_groups": 3, "n_group_used": 1}, "multiple of n_expert_groups"),
+        ({"arch": "glm4moe", "n_expert_groups": 4, "n_group_used": 4}, "n_group_used"),  # it asserts fewer used
+        ({"arch": "glm4moe", "n_expert_groups": 4, "n_group_used": 1, "n_expert_used": 3}, "n_expert_used"),
     ],
 )
 def test_bad_parameters_raise_value_error(kwargs: dict[str, Any], param: str) -> None:
@@ -593,7 +637,7 @@ def llama_lib() -> Iterator[Any]:
 
 @pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
                                            ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0),
-                                           ("ernie4_5-moe", 0.0), ("llama4", 0.0)])
+                                           ("ernie4_5-moe", 0.0), ("llama4", 0.0), ("glm4moe", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib
@@ -744,3 +788,103 @@ def test_moe_architectures_route_and_run_with_host_experts(arch: str, tmp_path: 
     assert rec.layers == synth.resolve_shape("tiny", arch).moe_layers and rec.n_expert == 8
     for sel in rec.topk.values():
         assert sel.shape == (len(tokens), 2) and all(len(set(row)) == 2 for row in sel.tolist())
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek-V3's routing (glm4moe) and the NextN layer, in llama.cpp
+
+
+def _select(probs: np.ndarray, bias: np.ndarray, k: int, groups: int, used: int) -> list[set[int]]:
+    """The experts DeepSeek-V3's router selects per token: the top ``k`` of the probabilities plus the selection
+    bias, among the experts of the ``used`` groups whose two best biased probabilities sum the highest."""
+    biased = probs + bias
+    if groups > 1:
+        g = biased.reshape(len(biased), groups, -1)
+        best = np.argsort(-np.sort(g, axis=2)[:, :, -2:].sum(axis=2), axis=1)[:, :used]
+        keep = np.zeros(g.shape[:2], dtype=bool)
+        np.put_along_axis(keep, best, True, axis=1)
+        biased = np.where(np.repeat(keep, g.shape[2], axis=1), biased, -np.inf)
+    return [set(row.tolist()) for row in np.argsort(-biased, axis=1)[:, :k]]
+
+
+@pytest.mark.parametrize("arch", sorted(synth.shapes.DEEPSEEK_ROUTING))
+def test_deepseek_routing_selects_as_build_moe_ffn(arch: str, small_vocab: Path, tmp_path: Path) -> None:
+    """NATIVE: the MoE layers of a model with DeepSeek-V3's routing gate with a sigmoid, rank the experts by the
+    probabilities plus the file's selection bias (which changes some selections), take them from the best groups
+    where the model has groups, and weigh them by their unbiased probabilities normalised to sum 1."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe.tools import capture
+
+    path = synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, seed=5, vocab_path=small_vocab)
+    s = synth.resolve_shape("tiny", arch)
+    assert s.expert_gating == 2
+    tokens = np.random.default_rng(1).integers(0, 299, 48).tolist()
+    got, k = capture.capture(path, tokens, r"ffn_moe_(logits|probs|argsort|weights_norm)-\d+", threads=1)
+    assert k == s.n_expert_used
+    weights = tensors(read(path))
+    changed = 0
+    for il in s.moe_layers:
+        logits, probs = got[f"ffn_moe_logits-{il}"], got[f"ffn_moe_probs-{il}"]
+        assert probs.shape == (len(tokens), s.n_expert)
+        assert np.allclose(probs, 1 / (1 + np.exp(-logits)), rtol=1e-5)  # sigmoid, not softmax
+        bias = values(weights[f"blk.{il}.exp_probs_b.bias"])
+        picked = got[f"ffn_moe_argsort-{il}"][:, :k]
+        assert [set(row.tolist()) for row in picked] == _select(probs, bias, k, s.n_expert_groups, s.n_group_used)
+        changed += sum(a != b for a, b in zip(_select(probs, bias, k, 0, 0), _select(probs, 0 * bias, k, 0, 0),
+                                              strict=True))
+        w = got[f"ffn_moe_weights_norm-{il}"]  # the selected experts' unbiased probabilities, normalised
+        sel = np.take_along_axis(probs, picked.astype(np.int64), axis=1)
+        assert np.allclose(w, sel / sel.sum(axis=1, keepdims=True), rtol=1e-5)
+    assert changed > 0  # the bias matters: without it some tokens would select other experts
+
+
+@pytest.mark.parametrize("arch", sorted(synth.shapes.DEEPSEEK_ROUTING))
+def test_nextn_layer_loads_and_predicts(arch: str, llama_lib: Any, small_vocab: Path, tmp_path: Path) -> None:
+    """NATIVE: the NextN layer after the trunk loads (``load_mtp``) and runs in a multi-token-prediction context:
+    its graph projects the token and a hidden state, routes through the layer's experts and gives finite logits."""
+    ffi, lib = llama_lib
+    s = synth.resolve_shape("tiny", arch)
+    path = synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, vocab_path=small_vocab)
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    mparams.load_mtp = True
+    model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+    assert model != ffi.NULL
+    seen: set[str] = set()
+
+    def observe(t: Any, ask: bool, _: Any) -> bool:
+        seen.add(ffi.string(t.name).decode())
+        return False
+
+    cb = ffi.callback("ggml_backend_sched_eval_callback", observe)
+    try:
+        assert lib.llama_model_n_layer(model) == s.n_layer and lib.llama_model_n_layer_nextn(model) == s.n_nextn == 1
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = 64, 8, 8
+        cparams.n_threads = cparams.n_threads_batch = 1
+        cparams.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+        cparams.cb_eval = cb
+        ctx = lib.llama_init_from_model(model, cparams)
+        assert ctx != ffi.NULL
+        batch = lib.llama_batch_ext_init(ctx)
+        try:
+            h = np.random.default_rng(0).standard_normal((4, s.n_embd)).astype(np.float32)  # the trunk's states
+            for i, token in enumerate((5, 17, 42, 99)):
+                idx = lib.llama_batch_ext_add_token(batch, 0, token)
+                assert idx == i
+                embd = ffi.new("struct llama_embd *", {"data": ffi.cast("float *", ffi.from_buffer(h[i])),
+                                                       "n_rows": 1, "n_embd": s.n_embd})
+                assert lib.llama_batch_ext_set_embd_state(batch, idx, embd[0])
+                assert lib.llama_batch_ext_set_pos(batch, idx, ffi.new("llama_pos[1]", [i]))
+                assert lib.llama_batch_ext_set_output_logits(batch, idx, i == 3)
+            assert lib.llama_process(ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+            row = np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, -1), 300 * 4), dtype=np.float32)
+            assert np.all(np.isfinite(row)) and np.std(row) > 0
+        finally:
+            lib.llama_batch_ext_free(batch)
+            lib.llama_free(ctx)
+    finally:
+        lib.llama_model_free(model)
+    nextn = s.n_layer
+    assert {f"mtp_eh_proj-{nextn}", f"ffn_moe_argsort-{nextn}"} <= seen
+    assert not any(name.endswith(f"-{il}") and name.startswith("ffn_moe") for name in seen for il in s.moe_layers)

@@ -30,11 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     """The ``synth`` command's argument parser."""
     ap = argparse.ArgumentParser(
         prog="python -m pyllama_moe synth",
-        description="Write a random-weight GGUF model (qwen3moe, gpt-oss or qwen3) with a real tokenizer.",
+        description="Write a random-weight GGUF model of one of --arch's architectures with a real tokenizer.",
     )
     ap.add_argument("output", type=Path, help="the GGUF file to write")
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="base shape (default tiny)")
-    ap.add_argument("--arch", choices=ARCHITECTURES, help="architecture (default: the preset's, qwen3moe)")
+    ap.add_argument("--arch", choices=ARCHITECTURES, help="architecture (default: the preset's)")
     ap.add_argument("--expert-type", default="q4_0", choices=EXPERT_TYPES,
                     help="type of expert/FFN weights (default q4_0)")
     ap.add_argument("--dense-type", default="f16", choices=DENSE_TYPES,
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_plan(p: Plan) -> None:
     """Print every tensor of ``p`` and the totals."""
     for t in p.tensors:
-        print(f"{t.name:32s} {t.type.name:5s} {'x'.join(map(str, t.shape)):>20s} {t.nbytes:>14d}")
+        print(f"{t.name:36s} {t.type.name:5s} {'x'.join(map(str, t.shape)):>20s} {t.nbytes:>14d}")
     print(f"{p.shape.arch}: {len(p.tensors)} tensors, {p.tensor_bytes} bytes ({p.tensor_bytes / 2**30:.3f} GiB), "
           f"experts {p.expert_bytes / 2**20:.0f} MiB")
 

@@ -26,13 +26,20 @@ ARCH_GRANITEMOE = "granitemoe"  # Granite MoE: Mixtral's tensors, the embedding,
 # ERNIE-4.5-MoE: a leading dense layer, a selection bias (exp_probs_b) with softmax gating, a shared expert
 ARCH_ERNIE_MOE = "ernie4_5-moe"
 ARCH_LLAMA4 = "llama4"  # Llama 4: MoE every other layer (dense between), a shared expert as wide as the experts
+# GLM-4.5: a leading dense layer, attention biases, partial RoPE, shared experts, sigmoid gating with a selection bias,
+# NextN (multi-token prediction) layers after the trunk
+ARCH_GLM4MOE = "glm4moe"
 ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4)
+                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE)
 MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4})
+                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE})
 # which layers' FFN is a mixture of experts: (leading dense layers, every how many layers) as the loaders read
 # leading_dense_block_count and interleave_moe_layer_step; the others: every layer
-MOE_LAYOUT: dict[str, tuple[int, int]] = {ARCH_ERNIE_MOE: (1, 1), ARCH_LLAMA4: (0, 2)}
+MOE_LAYOUT: dict[str, tuple[int, int]] = {ARCH_ERNIE_MOE: (1, 1), ARCH_LLAMA4: (0, 2), ARCH_GLM4MOE: (1, 1)}
+# DeepSeek-V3's routing (GLM-4.5's too): shared experts counted in units of n_ff_exp, expert groups, the gating
+# function, the weights' scale and norm, NextN layers after the trunk; only these read the Shape fields of each
+DEEPSEEK_ROUTING: frozenset[str] = frozenset({ARCH_GLM4MOE})
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's llama_expert_gating_func_type (expert_gating_func)
 # the experts' width as feed_forward_length (their loaders read no expert_feed_forward_length)
 FFN_SIZED_EXPERTS: frozenset[str] = frozenset({ARCH_OLMOE, ARCH_MIXTRAL, ARCH_GRANITEMOE})
 # Granite's multipliers (Granite-3.0-MoE's: the embedding x12, each residual branch x0.22, logits / 6)
@@ -110,6 +117,14 @@ class Shape:
     ``n_ff`` is the FFN width of dense models (``qwen3``); MoE models record it as
     ``feed_forward_length`` only. ``n_expert``, ``n_expert_used`` and ``n_ff_exp`` are 0 for dense
     models. ``sliding_window`` is used by ``gpt-oss`` only (every other layer is sliding-window).
+
+    The fields after it are those of DeepSeek-V3's routing (:data:`DEEPSEEK_ROUTING`: ``glm4moe``), 0 in the other
+    architectures: ``n_nextn`` NextN (multi-token prediction) layers after the ``n_layer`` of the trunk (the file's
+    ``block_count`` is their sum), ``n_expert_shared`` shared experts of ``n_ff_exp`` each, ``n_expert_groups``
+    groups of experts of which a token's experts come from the best ``n_group_used`` (0: no groups),
+    ``expert_gating`` llama.cpp's gating function (1 softmax, 2 sigmoid: then the selected weights are normalised
+    and a selection bias ``exp_probs_b`` ranks the experts), ``expert_weights_scale`` the factor of the selected
+    weights, ``n_rot`` the rotary dimensions of a head (0: all of ``head_dim``).
     """
 
     arch: str
@@ -126,6 +141,13 @@ class Shape:
     rope_freq_base: float = 1_000_000.0
     rms_eps: float = 1e-6
     sliding_window: int = 128
+    n_nextn: int = 0
+    n_expert_shared: int = 0
+    n_expert_groups: int = 0
+    n_group_used: int = 0
+    expert_gating: int = 0
+    expert_weights_scale: float = 1.0
+    n_rot: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -133,10 +155,30 @@ class Shape:
         return self.arch in MOE_ARCHITECTURES
 
     @property
-    def moe_layers(self) -> list[int]:
-        """The layers whose FFN is a mixture of experts (none for a dense model)."""
+    def n_block(self) -> int:
+        """The blocks of the file: the trunk's layers and the NextN layers after them (``block_count``)."""
+        return self.n_layer + self.n_nextn
+
+    def is_moe_layer(self, il: int) -> bool:
+        """Whether block ``il``'s FFN is a mixture of experts (a NextN layer's is, as the trunk's last)."""
         lead, step = MOE_LAYOUT.get(self.arch, (0, 1))
-        return [il for il in range(lead, self.n_layer) if (il + 1) % step == 0] if self.is_moe else []
+        return self.is_moe and lead <= il < self.n_block and (il >= self.n_layer or (il + 1) % step == 0)
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The trunk's layers whose FFN is a mixture of experts (none for a dense model; no NextN layer)."""
+        return [il for il in range(self.n_layer) if self.is_moe_layer(il)]
+
+    @property
+    def rot(self) -> int:
+        """The rotary dimensions of a head (``rope.dimension_count``)."""
+        return self.n_rot or self.head_dim
+
+    @property
+    def selection_bias(self) -> bool:
+        """Whether the MoE layers have the selection bias ``exp_probs_b`` (sigmoid gating; glm4moe's loader wants it
+        whatever the gating)."""
+        return self.arch == ARCH_GLM4MOE or (self.arch in DEEPSEEK_ROUTING and self.expert_gating == GATING_SIGMOID)
 
     @property
     def n_embd_q(self) -> int:
@@ -171,8 +213,8 @@ class Shape:
         for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "context_length", "sliding_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.n_layer > LLAMA_MAX_LAYERS:
-            raise ValueError(f"n_layer must be at most {LLAMA_MAX_LAYERS}, got {self.n_layer}")
+        if self.n_block > LLAMA_MAX_LAYERS:
+            raise ValueError(f"n_layer + n_nextn must be at most {LLAMA_MAX_LAYERS}, got {self.n_block}")
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
         if self.head_dim % 2:
@@ -184,6 +226,13 @@ class Shape:
             raise ValueError(f"{self.arch} needs n_head_kv == n_head, got {self.n_head_kv} and {self.n_head}")
         if self.arch == ARCH_LLAMA4 and self.n_layer < 4:  # b11549 aborts without a full-attention layer (1 in 4)
             raise ValueError(f"{self.arch} needs n_layer >= 4 (every fourth layer attends fully), got {self.n_layer}")
+        if self.arch in DEEPSEEK_ROUTING:
+            self._validate_deepseek_routing()
+        else:
+            for f in dataclasses.fields(self):
+                if f.name in _DEEPSEEK_DEFAULTS and getattr(self, f.name) != f.default:
+                    raise ValueError(f"{f.name} is for the {', '.join(sorted(DEEPSEEK_ROUTING))} arch only, got "
+                                     f"{getattr(self, f.name)} for {self.arch}")
         if self.is_moe:
             self._validate_moe()
         else:
@@ -193,6 +242,32 @@ class Shape:
                                      f"got {getattr(self, name)}")
             if self.n_ff < 1:
                 raise ValueError(f"n_ff must be at least 1 for the dense architecture {self.arch}, got {self.n_ff}")
+
+    def _validate_deepseek_routing(self) -> None:
+        """The part of :meth:`validate` for DeepSeek-V3's routing: what b11549 refuses, or aborts the process on
+        (``GGML_ASSERT``: the expert groups' counts, a rotary width over the head's)."""
+        if self.n_nextn > 1:  # glm4moe's NextN graph asserts a single block
+            raise ValueError(f"n_nextn must be 0 or 1 for {self.arch} (b11549 runs one NextN block), "
+                             f"got {self.n_nextn}")
+        if self.expert_gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+            raise ValueError(f"expert_gating must be {GATING_SOFTMAX} (softmax) or {GATING_SIGMOID} (sigmoid) for "
+                             f"{self.arch}, got {self.expert_gating}")
+        if self.n_rot % 2 or self.n_rot > self.head_dim:
+            raise ValueError(f"n_rot must be even and at most head_dim ({self.head_dim}), got {self.n_rot}")
+        groups, used = self.n_expert_groups, self.n_group_used
+        if groups and groups >= self.n_expert:
+            raise ValueError(f"n_expert_groups ({groups}) must be less than n_expert ({self.n_expert})")
+        if groups <= 1:
+            if used > groups:
+                raise ValueError(f"n_group_used must be at most n_expert_groups ({groups}), got {used}")
+            return
+        if self.n_expert % groups:
+            raise ValueError(f"n_expert ({self.n_expert}) must be a multiple of n_expert_groups ({groups})")
+        if not 1 <= used < groups:
+            raise ValueError(f"n_group_used must be in [1, n_expert_groups) = [1, {groups}), got {used}")
+        if self.n_expert_used > used * (self.n_expert // groups):  # else the masked groups' experts would be selected
+            raise ValueError(f"n_expert_used ({self.n_expert_used}) must be at most the experts of n_group_used "
+                             f"groups ({used} x {self.n_expert // groups})")
 
     def _validate_moe(self) -> None:
         """The MoE part of :meth:`validate`."""
@@ -217,6 +292,13 @@ PRESETS: dict[str, Shape] = {
         arch=ARCH_QWEN3MOE, n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
         n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff=6144, context_length=40960,
     ),
+    # GLM-4.5-Air's shape (106B-A12B): 45 MoE layers of 128 experts (8 used) and a shared one after a dense layer, a
+    # NextN layer; about 66 GiB with q4_0 experts (53.4 GiB of them) and the qwen2 vocabulary
+    "glm-4.5-air": Shape(
+        arch=ARCH_GLM4MOE, n_layer=46, n_embd=4096, n_head=96, n_head_kv=8, head_dim=128,
+        n_expert=128, n_expert_used=8, n_ff_exp=1408, n_ff=10944, context_length=131072, rms_eps=1e-5,
+        n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID, n_rot=64,
+    ),
     # Qwen3-8B's shape, dense: about 8 GiB at q4_0, the bench's dense model beside 30b-a3b
     "8b": Shape(
         arch=ARCH_QWEN3, n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
@@ -226,6 +308,25 @@ PRESETS: dict[str, Shape] = {
 
 SHAPE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Shape) if f.name != "arch")
 _EXPERT_FIELDS = ("n_expert", "n_expert_used", "n_ff_exp")
+_DEEPSEEK_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Shape)
+                      if f.name in ("n_nextn", "n_expert_shared", "n_expert_groups", "n_group_used", "expert_gating",
+                                    "expert_weights_scale", "n_rot")}
+
+
+def _arch_defaults(shape: Shape, arch: str) -> Shape:
+    """``shape`` (of another architecture's preset) as ``arch`` has it: what the architecture needs of it."""
+    if arch not in MOE_ARCHITECTURES:
+        shape = shape.replace(**{f: 0 for f in _EXPERT_FIELDS})
+    if arch not in DEEPSEEK_ROUTING:
+        shape = shape.replace(**_DEEPSEEK_DEFAULTS)
+    if arch == ARCH_OLMOE:  # no grouped keys and values
+        shape = shape.replace(n_head_kv=shape.n_head)
+    if arch == ARCH_LLAMA4:  # a full-attention layer, and MoE ones between the dense ones
+        shape = shape.replace(n_layer=max(shape.n_layer, 4))
+    if arch == ARCH_GLM4MOE:  # GLM-4.5's: a dense layer then two MoE ones, a NextN layer, half the head rotated
+        shape = shape.replace(n_layer=max(shape.n_layer, 3), n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID,
+                              n_rot=shape.head_dim // 2)
+    return shape
 
 
 def resolve_shape(preset: str = "tiny", arch: str | None = None, **overrides: Any) -> Shape:
@@ -243,13 +344,8 @@ def resolve_shape(preset: str = "tiny", arch: str | None = None, **overrides: An
     if arch is not None:
         if not isinstance(arch, str) or arch not in ARCHITECTURES:
             raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-        shape = shape.replace(arch=arch)
-        if arch not in MOE_ARCHITECTURES:
-            shape = shape.replace(**{f: 0 for f in _EXPERT_FIELDS})
-        if arch == ARCH_OLMOE:  # no grouped keys and values
-            shape = shape.replace(n_head_kv=shape.n_head)
-        if arch == ARCH_LLAMA4:  # a full-attention layer, and MoE ones between the dense ones
-            shape = shape.replace(n_layer=max(shape.n_layer, 4))
+        if arch != shape.arch:
+            shape = _arch_defaults(shape, arch).replace(arch=arch)
     shape = shape.replace(**{k: v for k, v in overrides.items() if v is not None})
     shape.validate()
     return shape
@@ -449,8 +545,10 @@ def _tensor_list(shape: Shape, etype: GGMLType, dtype: GGMLType, n_vocab: int, s
     """The tensors of ``shape``'s architecture, in file order."""
     f32 = GGML_TYPES["f32"]
     yield TensorPlan("token_embd.weight", (shape.n_embd, n_vocab), dtype, "normal", DENSE_STD, "embd")
-    for il in range(shape.n_layer):
+    for il in range(shape.n_block):
         yield from _layer_tensors(shape, il, etype, dtype, skewed)
+        if il >= shape.n_layer:
+            yield from _nextn_tensors(shape, il, dtype)
     yield TensorPlan("output_norm.weight", (shape.n_embd,), f32, "ones", 0.0, "norm")
     yield TensorPlan("output.weight", (shape.n_embd, n_vocab), dtype, "normal", DENSE_STD, "embd")
 
@@ -474,7 +572,7 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         yield t("attn_v.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
     elif shape.arch == ARCH_QWEN3MOE and skewed:
         yield t("attn_v.bias", (n_kv,), f32, "vbias", 0.0, "bias")
-    elif shape.arch == ARCH_QWEN2MOE:
+    elif shape.arch in (ARCH_QWEN2MOE, ARCH_GLM4MOE):
         yield t("attn_q.bias", (n_q,), f32, "normal", BIAS_STD, "bias")
         yield t("attn_k.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
         yield t("attn_v.bias", (n_kv,), f32, "normal", BIAS_STD, "bias")
@@ -490,8 +588,9 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         elif shape.arch == ARCH_OLMOE:  # over the whole width
             yield t("attn_q_norm.weight", (n_q,), f32, "ones", 0.0, "norm")
             yield t("attn_k_norm.weight", (n_kv,), f32, "ones", 0.0, "norm")
-        yield t("ffn_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
-    if il not in shape.moe_layers:  # a dense model, or a leading dense layer
+        post_attn = "post_attention_norm" if shape.arch == ARCH_GLM4MOE else "ffn_norm"  # the FFN's input norm
+        yield t(f"{post_attn}.weight", (n_embd,), f32, "ones", 0.0, "norm")
+    if not shape.is_moe_layer(il):  # a dense model, or a dense layer of a MoE one
         yield t("ffn_gate.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_up.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_down.weight", (shape.n_ff, n_embd), etype, "normal", EXPERT_RMS, "ffn")
@@ -500,7 +599,7 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
     yield t("ffn_gate_inp.weight", (n_embd, n_exp), f32, "router", ROUTER_STD, "router")
     if gpt_oss:
         yield t("ffn_gate_inp.bias", (n_exp,), f32, "router", BIAS_STD, "bias")
-    if shape.arch == ARCH_ERNIE_MOE:  # the selection bias: added to the gate's probabilities to rank, not to weigh
+    if shape.arch == ARCH_ERNIE_MOE or shape.selection_bias:  # added to the gate's probabilities to rank, not to weigh
         yield t("exp_probs_b.bias", (n_exp,), f32, "normal", ROUTER_STD, "bias")
     yield t("ffn_gate_exps.weight", (n_embd, n_ff_exp, n_exp), etype, "normal", EXPERT_RMS, "expert")
     yield t("ffn_up_exps.weight", (n_embd, n_ff_exp, n_exp), etype, "normal", EXPERT_RMS, "expert")
@@ -511,8 +610,29 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
         yield t("ffn_down_exps.bias", (n_embd, n_exp), f32, "normal", BIAS_STD, "bias")
     if shape.arch == ARCH_QWEN2MOE:  # the shared expert's gate
         yield t("ffn_gate_inp_shexp.weight", (n_embd,), f32, "normal", ROUTER_STD, "router")
-    if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE, ARCH_LLAMA4):  # the shared expert, always on the device
-        n_sh = n_ff_exp if shape.arch == ARCH_LLAMA4 else shape.n_ff
+    n_sh = _shared_expert_width(shape)
+    if n_sh:  # the shared experts as one FFN, always on the device
         yield t("ffn_gate_shexp.weight", (n_embd, n_sh), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_up_shexp.weight", (n_embd, n_sh), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_down_shexp.weight", (n_sh, n_embd), etype, "normal", EXPERT_RMS, "ffn")
+
+
+def _shared_expert_width(shape: Shape) -> int:
+    """The width of a MoE layer's shared expert FFN (0: none)."""
+    if shape.arch in DEEPSEEK_ROUTING:  # n_expert_shared experts of n_ff_exp
+        return shape.n_ff_exp * shape.n_expert_shared
+    if shape.arch == ARCH_LLAMA4:  # as wide as the experts
+        return shape.n_ff_exp
+    return shape.n_ff if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE) else 0
+
+
+def _nextn_tensors(shape: Shape, il: int, dtype: GGMLType) -> Iterator[TensorPlan]:
+    """The tensors of NextN layer ``il`` besides those of a trunk layer: the projection of the token's embedding and
+    the trunk's last hidden state, their norms and the head's norm. Its own embedding and head (``embed_tokens``,
+    ``shared_head_head``: optional in b11549, vocabulary-sized) are left out, as in GLM's files: the trunk's serve."""
+    f32 = GGML_TYPES["f32"]
+    n_embd = shape.n_embd
+    yield TensorPlan(f"blk.{il}.nextn.eh_proj.weight", (2 * n_embd, n_embd), dtype, "normal", DENSE_STD, "attn")
+    yield TensorPlan(f"blk.{il}.nextn.enorm.weight", (n_embd,), f32, "ones", 0.0, "norm")
+    yield TensorPlan(f"blk.{il}.nextn.hnorm.weight", (n_embd,), f32, "ones", 0.0, "norm")
+    yield TensorPlan(f"blk.{il}.nextn.shared_head_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")

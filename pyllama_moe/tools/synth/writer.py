@@ -21,7 +21,9 @@ from pyllama_moe.tools.synth.shapes import (
     ARCH_GPT_OSS,
     ARCH_GRANITEMOE,
     ARCH_QWEN2MOE,
+    DEEPSEEK_ROUTING,
     FFN_SIZED_EXPERTS,
+    GATING_SIGMOID,
     GGML_TYPES,
     GRANITE_SCALES,
     MOE_LAYOUT,
@@ -75,7 +77,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_uint32(f"{a}.context_length", s.context_length)
     writer.add_uint32(f"{a}.embedding_length", s.n_embd)
-    writer.add_uint32(f"{a}.block_count", s.n_layer)
+    writer.add_uint32(f"{a}.block_count", s.n_block)
     if a in FFN_SIZED_EXPERTS:  # their loaders size the experts by it
         writer.add_uint32(f"{a}.feed_forward_length", s.n_ff_exp)
     elif s.n_ff:
@@ -86,7 +88,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
     writer.add_uint32(f"{a}.attention.value_length", s.head_dim)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps)
     writer.add_float32(f"{a}.rope.freq_base", s.rope_freq_base)
-    writer.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
+    writer.add_uint32(f"{a}.rope.dimension_count", s.rot)
     if s.is_moe:
         writer.add_uint32(f"{a}.expert_count", s.n_expert)
         writer.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
@@ -95,9 +97,12 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
     if a in MOE_LAYOUT:
         lead, step = MOE_LAYOUT[a]
-        writer.add_uint32(f"{a}.interleave_moe_layer_step", step)
+        if a not in DEEPSEEK_ROUTING:  # their loaders read no step
+            writer.add_uint32(f"{a}.interleave_moe_layer_step", step)
         if lead:
             writer.add_uint32(f"{a}.leading_dense_block_count", lead)
+    if a in DEEPSEEK_ROUTING:
+        _add_deepseek_routing(writer, p)
     if a == ARCH_GRANITEMOE:
         for key, v in GRANITE_SCALES.items():
             writer.add_float32(f"{a}.{key}", v)
@@ -122,6 +127,20 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
                              gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.FLOAT32)
         if skew.direction:
             writer.add_float32(META_PREFIX + "shared_fraction", SHARED_FRACTION)
+
+
+def _add_deepseek_routing(writer: gguf.GGUFWriter, p: Plan) -> None:
+    """The keys of DeepSeek-V3's routing (glm4moe): shared experts, gating, groups, NextN layers."""
+    s, a = p.shape, p.shape.arch
+    writer.add_uint32(f"{a}.expert_shared_count", s.n_expert_shared)
+    writer.add_uint32(f"{a}.expert_gating_func", s.expert_gating)
+    writer.add_float32(f"{a}.expert_weights_scale", s.expert_weights_scale)
+    writer.add_bool(f"{a}.expert_weights_norm", s.expert_gating == GATING_SIGMOID)  # V3's and GLM's; V2's not
+    if s.n_expert_groups:
+        writer.add_uint32(f"{a}.expert_group_count", s.n_expert_groups)
+        writer.add_uint32(f"{a}.expert_group_used_count", s.n_group_used)
+    if s.n_nextn:
+        writer.add_uint32(f"{a}.nextn_predict_layers", s.n_nextn)
 
 
 _Job = tuple[int, Callable[[], npt.NDArray[Any]]]
