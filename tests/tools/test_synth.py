@@ -147,6 +147,24 @@ def test_glm_4_5_air_plan() -> None:
     assert t["blk.46.nextn.eh_proj.weight"].shape == (8192, 4096) and "blk.46.nextn.embed_tokens.weight" not in t
 
 
+def test_deepseek_v2_lite_plan() -> None:
+    p = synth.plan("deepseek-v2-lite")
+    s = p.shape
+    assert (s.arch, s.n_layer, s.n_block, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.rot, s.head_dim_v) == (
+        "deepseek2", 27, 27, 2048, 16, 1, 192, 64, 128)
+    assert (s.n_expert, s.n_expert_used, s.n_ff_exp, s.n_expert_shared, s.n_ff) == (64, 6, 1408, 2, 10944)
+    assert (s.q_lora_rank, s.kv_lora_rank, s.expert_gating, s.n_expert_groups) == (0, 512, 1, 0)  # softmax, no groups
+    assert s.moe_layers == list(range(1, 27))
+    assert len(p.tensors) == 3 + 11 + 26 * 15
+    assert p.expert_bytes == 26 * 3 * 2048 * 1408 * 64 // 32 * 18 == 7722 * MIB
+    assert p.tensor_bytes / GIB == pytest.approx(9.68, abs=0.01)
+    t = p.by_name()
+    assert t["blk.0.attn_q.weight"].shape == (2048, 16 * 192) and "blk.0.attn_q_a.weight" not in t  # a lite model
+    assert t["blk.5.attn_kv_a_mqa.weight"].shape == (2048, 512 + 64)
+    assert t["blk.5.attn_k_b.weight"].shape == (128, 512, 16) and t["blk.5.attn_v_b.weight"].shape == (512, 128, 16)
+    assert t["blk.26.ffn_up_shexp.weight"].shape == (2048, 2 * 1408) and "blk.26.exp_probs_b.bias" not in t
+
+
 def test_plan_follows_expert_type_and_overrides() -> None:
     p = synth.plan("30b-a3b", expert_type="q8_0", n_layer=2, n_expert=16)
     exps = [x for x in p.tensors if x.role == "expert"]
@@ -173,12 +191,14 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     r = read(tiny_files[arch])
     s = synth.resolve_shape("tiny", arch)
     assert value(r, "general.architecture") == arch
-    # llama4: a full-attention layer; glm4moe: a dense layer, two MoE ones and a NextN layer after them
-    assert value(r, f"{arch}.block_count") == s.n_block == {"llama4": 4, "glm4moe": 4}.get(arch, 2)
+    # llama4: a full-attention layer; glm4moe, deepseek2: a dense layer, two MoE ones and a NextN layer after them
+    assert value(r, f"{arch}.block_count") == s.n_block == {"llama4": 4, "glm4moe": 4, "deepseek2": 4}.get(arch, 2)
     assert value(r, f"{arch}.embedding_length") == 64
     assert value(r, f"{arch}.attention.head_count") == 4
-    assert value(r, f"{arch}.attention.head_count_kv") == (4 if arch == "olmoe" else 2)  # olmoe: no GQA
-    assert value(r, f"{arch}.attention.key_length") == value(r, f"{arch}.attention.value_length") == 16
+    # olmoe: no GQA; deepseek2: the heads share the latent
+    assert value(r, f"{arch}.attention.head_count_kv") == {"olmoe": 4, "deepseek2": 1}.get(arch, 2)
+    if arch != "deepseek2":  # its latent attention: below
+        assert value(r, f"{arch}.attention.key_length") == value(r, f"{arch}.attention.value_length") == 16
     assert value(r, f"{arch}.context_length") == s.context_length
     assert value(r, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(1e-6)
     assert value(r, f"{arch}.rope.freq_base") > 0
@@ -252,6 +272,28 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.3.nextn.eh_proj.weight"].shape) == (128, 64)
         assert {n for n in got if ".nextn." in n} == {f"blk.3.nextn.{t}.weight" for t in
                                                       ("eh_proj", "enorm", "hnorm", "shared_head_norm")}
+    elif arch == "deepseek2":  # DeepSeek-V3: latent attention, GLM's routing with groups and a scale, a NextN layer
+        # what the cache holds per token: the latent (32) and the rotated part of the key (8); the heads' 16 = 8 + 8
+        assert (value(r, "deepseek2.attention.key_length"), value(r, "deepseek2.attention.value_length")) == (40, 32)
+        assert value(r, "deepseek2.attention.key_length_mla") == 16
+        assert value(r, "deepseek2.attention.value_length_mla") == value(r, "deepseek2.rope.dimension_count") == 8
+        assert value(r, "deepseek2.attention.q_lora_rank") == 48 and value(r, "deepseek2.attention.kv_lora_rank") == 32
+        assert value(r, "deepseek2.expert_group_count") == 4 and value(r, "deepseek2.expert_group_used_count") == 2
+        assert value(r, "deepseek2.expert_gating_func") == 2 and value(r, "deepseek2.expert_weights_scale") == 2.5
+        assert value(r, "deepseek2.expert_weights_norm") is True and value(r, "deepseek2.expert_shared_count") == 1
+        assert value(r, "deepseek2.leading_dense_block_count") == 1 and value(r, "deepseek2.nextn_predict_layers") == 1
+        assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
+        for il in (0, 3):  # the NextN layer attends as the trunk's layers
+            assert tuple(got[f"blk.{il}.attn_q_a.weight"].shape) == (64, 48)
+            assert tuple(got[f"blk.{il}.attn_q_b.weight"].shape) == (48, 64)  # 4 heads of 16
+            assert tuple(got[f"blk.{il}.attn_kv_a_mqa.weight"].shape) == (64, 40)
+            assert tuple(got[f"blk.{il}.attn_k_b.weight"].shape) == (8, 32, 4)  # latent -> the unrotated key
+            assert tuple(got[f"blk.{il}.attn_v_b.weight"].shape) == (32, 8, 4)  # latent -> the value
+            assert tuple(got[f"blk.{il}.attn_output.weight"].shape) == (32, 64)
+            assert tuple(got[f"blk.{il}.attn_kv_a_norm.weight"].shape) == (32,) and f"blk.{il}.attn_q.weight" not in got
+        assert tuple(got["blk.3.exp_probs_b.bias"].shape) == (8,) and tuple(got["blk.3.ffn_norm.weight"].shape) == (64,)
+        assert tuple(got["blk.2.ffn_down_shexp.weight"].shape) == (32, 64)
+        assert tuple(got["blk.3.nextn.eh_proj.weight"].shape) == (128, 64)
     elif arch == "llama4":  # MoE every other layer, a shared expert as wide as the experts
         assert value(r, "llama4.interleave_moe_layer_step") == 2
         assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
@@ -532,7 +574,7 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "qwen2moe", "head_dim": 32}, r"n_head \* head_dim"),  # its attention output is n_embd square
         ({"arch": "olmoe", "n_head_kv": 2}, "n_head_kv"),
         ({"arch": "llama4", "n_layer": 3}, "n_layer"),  # b11549 aborts without a full-attention layer
-        ({"n_nextn": 1}, "n_nextn is for the glm4moe"),  # DeepSeek-V3's routing's fields: not qwen3moe's
+        ({"n_nextn": 1}, "n_nextn is for the deepseek2, glm4moe"),  # DeepSeek-V3's routing's fields: not qwen3moe's
         ({"expert_weights_scale": 2.5}, "expert_weights_scale"),
         ({"arch": "glm4moe", "n_nextn": 2}, "n_nextn"),  # b11549's NextN graph aborts on two
         ({"arch": "glm4moe", "expert_gating": 3}, "expert_gating"),
@@ -541,6 +583,13 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "glm4moe", "n_expert_groups": 3, "n_group_used": 1}, "multiple of n_expert_groups"),
         ({"arch": "glm4moe", "n_expert_groups": 4, "n_group_used": 4}, "n_group_used"),  # it asserts fewer used
         ({"arch": "glm4moe", "n_expert_groups": 4, "n_group_used": 1, "n_expert_used": 3}, "n_expert_used"),
+        ({"arch": "glm4moe", "kv_lora_rank": 32}, "kv_lora_rank is for the deepseek2"),
+        ({"arch": "deepseek2", "n_head_kv": 2}, "n_head_kv"),  # b11549 aborts: the heads share the latent
+        ({"arch": "deepseek2", "n_rot": 16}, "n_rot"),  # b11549 aborts without an unrotated part of the key
+        ({"arch": "deepseek2", "kv_lora_rank": 0}, "kv_lora_rank"),
+        ({"arch": "deepseek2", "q_lora_rank": 0}, "q_lora_rank"),  # b11549's NextN graph aborts without it
+        ({"arch": "deepseek2", "n_layer": 27}, "q_lora_rank"),  # b11549 takes 27 layers for V2-Lite: no q_lora_rank
+        ({"arch": "deepseek2", "dense_type": "q8_0"}, "dense_type q8_0 needs q_lora_rank"),  # rows of 48 values
     ],
 )
 def test_bad_parameters_raise_value_error(kwargs: dict[str, Any], param: str) -> None:
@@ -637,7 +686,8 @@ def llama_lib() -> Iterator[Any]:
 
 @pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
                                            ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0),
-                                           ("ernie4_5-moe", 0.0), ("llama4", 0.0), ("glm4moe", 0.0)])
+                                           ("ernie4_5-moe", 0.0), ("llama4", 0.0), ("glm4moe", 0.0),
+                                           ("deepseek2", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib
@@ -811,7 +861,8 @@ def _select(probs: np.ndarray, bias: np.ndarray, k: int, groups: int, used: int)
 def test_deepseek_routing_selects_as_build_moe_ffn(arch: str, small_vocab: Path, tmp_path: Path) -> None:
     """NATIVE: the MoE layers of a model with DeepSeek-V3's routing gate with a sigmoid, rank the experts by the
     probabilities plus the file's selection bias (which changes some selections), take them from the best groups
-    where the model has groups, and weigh them by their unbiased probabilities normalised to sum 1."""
+    where the model has groups (deepseek2's tiny: 2 of 4; which changes some too), and weigh them by their unbiased
+    probabilities normalised to sum 1."""
     pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
     from pyllama_moe.tools import capture
 
@@ -822,7 +873,7 @@ def test_deepseek_routing_selects_as_build_moe_ffn(arch: str, small_vocab: Path,
     got, k = capture.capture(path, tokens, r"ffn_moe_(logits|probs|argsort|weights_norm)-\d+", threads=1)
     assert k == s.n_expert_used
     weights = tensors(read(path))
-    changed = 0
+    changed = grouped = 0
     for il in s.moe_layers:
         logits, probs = got[f"ffn_moe_logits-{il}"], got[f"ffn_moe_probs-{il}"]
         assert probs.shape == (len(tokens), s.n_expert)
@@ -832,10 +883,16 @@ def test_deepseek_routing_selects_as_build_moe_ffn(arch: str, small_vocab: Path,
         assert [set(row.tolist()) for row in picked] == _select(probs, bias, k, s.n_expert_groups, s.n_group_used)
         changed += sum(a != b for a, b in zip(_select(probs, bias, k, 0, 0), _select(probs, 0 * bias, k, 0, 0),
                                               strict=True))
+        if s.n_expert_groups:
+            per_group = s.n_expert // s.n_expert_groups
+            assert all(len({e // per_group for e in row.tolist()}) <= s.n_group_used for row in picked)
+            grouped += sum(a != b for a, b in zip(_select(probs, bias, k, 0, 0), _select(
+                probs, bias, k, s.n_expert_groups, s.n_group_used), strict=True))
         w = got[f"ffn_moe_weights_norm-{il}"]  # the selected experts' unbiased probabilities, normalised
         sel = np.take_along_axis(probs, picked.astype(np.int64), axis=1)
         assert np.allclose(w, sel / sel.sum(axis=1, keepdims=True), rtol=1e-5)
     assert changed > 0  # the bias matters: without it some tokens would select other experts
+    assert (grouped > 0) == (s.n_expert_groups > 1)  # so do the groups
 
 
 @pytest.mark.parametrize("arch", sorted(synth.shapes.DEEPSEEK_ROUTING))
@@ -845,6 +902,8 @@ def test_nextn_layer_loads_and_predicts(arch: str, llama_lib: Any, small_vocab: 
     ffi, lib = llama_lib
     s = synth.resolve_shape("tiny", arch)
     path = synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, vocab_path=small_vocab)
+    # without them b11549 takes the file for a trunk-only one, and a prediction context of it aborts the process
+    assert {f"blk.{s.n_layer}.nextn.{t}.weight" for t in ("eh_proj", "enorm", "hnorm")} <= set(tensors(read(path)))
     mparams = lib.llama_model_default_params()
     mparams.n_gpu_layers = 0
     mparams.load_mtp = True
@@ -888,3 +947,23 @@ def test_nextn_layer_loads_and_predicts(arch: str, llama_lib: Any, small_vocab: 
     nextn = s.n_layer
     assert {f"mtp_eh_proj-{nextn}", f"ffn_moe_argsort-{nextn}"} <= seen
     assert not any(name.endswith(f"-{il}") and name.startswith("ffn_moe") for name in seen for il in s.moe_layers)
+
+
+def test_deepseek_v2_lite_loads_as_lite_and_routes_with_softmax(small_vocab: Path, tmp_path: Path) -> None:
+    """NATIVE: the deepseek-v2-lite preset at a reduced width loads as b11549 loads DeepSeek-V2-Lite (27 layers: one
+    query projection, no q_lora_rank read) and routes as it does: softmax probabilities, no selection bias, the
+    selected weights not normalised."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe.tools import capture
+
+    small = {"n_embd": 64, "n_head": 4, "head_dim": 24, "n_rot": 8, "kv_lora_rank": 32, "n_expert": 8,
+             "n_expert_used": 2, "n_ff_exp": 32, "n_ff": 128}
+    path = synth.write_model(tmp_path / "lite.gguf", "deepseek-v2-lite", vocab_path=small_vocab, **small)
+    tokens = np.random.default_rng(2).integers(0, 299, 32).tolist()
+    got, k = capture.capture(path, tokens, r"ffn_moe_(probs|argsort|weights_norm)-\d+|ffn_norm-26", threads=1)
+    assert k == 2 and "ffn_norm-26" in got  # all 27 layers ran
+    for il in range(1, 27):
+        probs = got[f"ffn_moe_probs-{il}"]
+        assert np.allclose(probs.sum(axis=1), 1, rtol=1e-5)  # softmax
+        assert [set(r.tolist()) for r in got[f"ffn_moe_argsort-{il}"][:, :k]] == _select(probs, 0 * probs[0], k, 0, 0)
+    assert not [n for n in got if n.startswith("ffn_moe_weights_norm")]

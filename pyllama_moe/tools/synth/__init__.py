@@ -1,9 +1,10 @@
 """Write random-weight GGUF models that llama.cpp (b11549) loads: the MoE architectures ``qwen3moe``, ``gpt-oss``,
 ``qwen2moe`` (a shared expert with its gate, attention biases), ``olmoe`` (query and key norms over the whole width),
 ``llama`` with experts (Mixtral), ``granitemoe`` (Mixtral's tensors, Granite's multipliers), ``ernie4_5-moe`` (a
-leading dense layer, a selection bias, a shared expert), ``llama4`` (MoE every other layer, a shared expert) and
+leading dense layer, a selection bias, a shared expert), ``llama4`` (MoE every other layer, a shared expert),
 ``glm4moe`` (DeepSeek-V3's routing: a leading dense layer, shared experts, sigmoid gating with a selection bias; a NextN
-layer after the trunk), and the dense ``qwen3``.
+layer after the trunk) and ``deepseek2`` (that routing with groups of experts, and multi-head latent attention), and the
+dense ``qwen3``.
 
 The models have the exact tensor names, shapes and metadata keys of the real architectures and a
 real tokenizer (every ``tokenizer.*`` key copied from a vocab-only GGUF, by default upstream's

@@ -29,16 +29,24 @@ ARCH_LLAMA4 = "llama4"  # Llama 4: MoE every other layer (dense between), a shar
 # GLM-4.5: a leading dense layer, attention biases, partial RoPE, shared experts, sigmoid gating with a selection bias,
 # NextN (multi-token prediction) layers after the trunk
 ARCH_GLM4MOE = "glm4moe"
+# DeepSeek-V2/V3 (and Kimi-K2): multi-head latent attention (low-rank queries, keys and values through a compressed
+# latent), and GLM-4.5's MoE besides: a leading dense layer, shared experts, expert groups, NextN layers
+ARCH_DEEPSEEK2 = "deepseek2"
 ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE)
+                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE, ARCH_DEEPSEEK2)
 MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE})
+                                               ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE,
+                                               ARCH_DEEPSEEK2})
 # which layers' FFN is a mixture of experts: (leading dense layers, every how many layers) as the loaders read
 # leading_dense_block_count and interleave_moe_layer_step; the others: every layer
-MOE_LAYOUT: dict[str, tuple[int, int]] = {ARCH_ERNIE_MOE: (1, 1), ARCH_LLAMA4: (0, 2), ARCH_GLM4MOE: (1, 1)}
+MOE_LAYOUT: dict[str, tuple[int, int]] = {ARCH_ERNIE_MOE: (1, 1), ARCH_LLAMA4: (0, 2), ARCH_GLM4MOE: (1, 1),
+                                          ARCH_DEEPSEEK2: (1, 1)}
 # DeepSeek-V3's routing (GLM-4.5's too): shared experts counted in units of n_ff_exp, expert groups, the gating
 # function, the weights' scale and norm, NextN layers after the trunk; only these read the Shape fields of each
-DEEPSEEK_ROUTING: frozenset[str] = frozenset({ARCH_GLM4MOE})
+DEEPSEEK_ROUTING: frozenset[str] = frozenset({ARCH_GLM4MOE, ARCH_DEEPSEEK2})
+# b11549 takes a deepseek2 of these trunk layer counts for a "lite" one (DeepSeek-V2-Lite's 27, GigaChat3's 26) and
+# reads no q_lora_rank: its queries are one projection
+DEEPSEEK2_LITE_LAYERS = (26, 27)
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's llama_expert_gating_func_type (expert_gating_func)
 # the experts' width as feed_forward_length (their loaders read no expert_feed_forward_length)
 FFN_SIZED_EXPERTS: frozenset[str] = frozenset({ARCH_OLMOE, ARCH_MIXTRAL, ARCH_GRANITEMOE})
@@ -118,13 +126,18 @@ class Shape:
     ``feed_forward_length`` only. ``n_expert``, ``n_expert_used`` and ``n_ff_exp`` are 0 for dense
     models. ``sliding_window`` is used by ``gpt-oss`` only (every other layer is sliding-window).
 
-    The fields after it are those of DeepSeek-V3's routing (:data:`DEEPSEEK_ROUTING`: ``glm4moe``), 0 in the other
-    architectures: ``n_nextn`` NextN (multi-token prediction) layers after the ``n_layer`` of the trunk (the file's
-    ``block_count`` is their sum), ``n_expert_shared`` shared experts of ``n_ff_exp`` each, ``n_expert_groups``
-    groups of experts of which a token's experts come from the best ``n_group_used`` (0: no groups),
+    The fields after it are those of DeepSeek-V3's routing (:data:`DEEPSEEK_ROUTING`: ``glm4moe``, ``deepseek2``),
+    0 in the other architectures: ``n_nextn`` NextN (multi-token prediction) layers after the ``n_layer`` of the
+    trunk (the file's ``block_count`` is their sum), ``n_expert_shared`` shared experts of ``n_ff_exp`` each,
+    ``n_expert_groups`` groups of experts of which a token's experts come from the best ``n_group_used`` (0: none),
     ``expert_gating`` llama.cpp's gating function (1 softmax, 2 sigmoid: then the selected weights are normalised
     and a selection bias ``exp_probs_b`` ranks the experts), ``expert_weights_scale`` the factor of the selected
     weights, ``n_rot`` the rotary dimensions of a head (0: all of ``head_dim``).
+
+    ``deepseek2``'s multi-head latent attention reads the last two: ``q_lora_rank`` (0: queries without a low-rank
+    step, as in DeepSeek-V2-Lite) and ``kv_lora_rank``, the widths of the compressed queries and keys/values; its
+    ``head_dim`` is a query's and key's (``n_rot`` of it rotated), a value's is ``head_dim - n_rot`` (as in V2 and
+    V3), ``n_head_kv`` is 1 (the latent is shared by the heads: the file's keys and values are those of the latent).
     """
 
     arch: str
@@ -148,6 +161,8 @@ class Shape:
     expert_gating: int = 0
     expert_weights_scale: float = 1.0
     n_rot: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -173,6 +188,11 @@ class Shape:
     def rot(self) -> int:
         """The rotary dimensions of a head (``rope.dimension_count``)."""
         return self.n_rot or self.head_dim
+
+    @property
+    def head_dim_v(self) -> int:
+        """The width of a head's value: ``head_dim``, but deepseek2's (``head_dim - n_rot``)."""
+        return self.head_dim - self.rot if self.arch == ARCH_DEEPSEEK2 else self.head_dim
 
     @property
     def selection_bias(self) -> bool:
@@ -226,13 +246,15 @@ class Shape:
             raise ValueError(f"{self.arch} needs n_head_kv == n_head, got {self.n_head_kv} and {self.n_head}")
         if self.arch == ARCH_LLAMA4 and self.n_layer < 4:  # b11549 aborts without a full-attention layer (1 in 4)
             raise ValueError(f"{self.arch} needs n_layer >= 4 (every fourth layer attends fully), got {self.n_layer}")
+        for f in dataclasses.fields(self):
+            archs = _ARCH_FIELDS.get(f.name, frozenset({self.arch}))
+            if self.arch not in archs and getattr(self, f.name) != f.default:
+                raise ValueError(f"{f.name} is for the {', '.join(sorted(archs))} arch only, got "
+                                 f"{getattr(self, f.name)} for {self.arch}")
         if self.arch in DEEPSEEK_ROUTING:
             self._validate_deepseek_routing()
-        else:
-            for f in dataclasses.fields(self):
-                if f.name in _DEEPSEEK_DEFAULTS and getattr(self, f.name) != f.default:
-                    raise ValueError(f"{f.name} is for the {', '.join(sorted(DEEPSEEK_ROUTING))} arch only, got "
-                                     f"{getattr(self, f.name)} for {self.arch}")
+        if self.arch == ARCH_DEEPSEEK2:
+            self._validate_mla()
         if self.is_moe:
             self._validate_moe()
         else:
@@ -269,6 +291,21 @@ class Shape:
             raise ValueError(f"n_expert_used ({self.n_expert_used}) must be at most the experts of n_group_used "
                              f"groups ({used} x {self.n_expert // groups})")
 
+    def _validate_mla(self) -> None:
+        """The part of :meth:`validate` for deepseek2's multi-head latent attention."""
+        if self.n_head_kv != 1:  # b11549 aborts (GGML_ASSERT) on others as a context is made
+            raise ValueError(f"{self.arch} needs n_head_kv == 1 (the heads share the latent), got {self.n_head_kv}")
+        if not 1 <= self.n_rot < self.head_dim:  # b11549 aborts (GGML_ASSERT) without a part of a key unrotated
+            raise ValueError(f"{self.arch} needs n_rot in [2, head_dim) = [2, {self.head_dim}), got {self.n_rot}")
+        if self.kv_lora_rank < 1:
+            raise ValueError(f"{self.arch} needs kv_lora_rank >= 1, got {self.kv_lora_rank}")
+        if self.n_nextn and not self.q_lora_rank:  # its NextN graph asserts the queries' low-rank step
+            raise ValueError(f"a NextN layer (n_nextn) of {self.arch} needs q_lora_rank >= 1 (b11549's NextN graph "
+                             f"aborts without it)")
+        if self.q_lora_rank and self.n_layer in DEEPSEEK2_LITE_LAYERS:
+            raise ValueError(f"q_lora_rank must be 0 for a {self.arch} of {self.n_layer} layers (b11549 takes it for "
+                             f"DeepSeek-V2-Lite and reads no q_lora_rank), got {self.q_lora_rank}")
+
     def _validate_moe(self) -> None:
         """The MoE part of :meth:`validate`."""
         if not 1 <= self.n_expert <= LLAMA_MAX_EXPERTS:
@@ -299,6 +336,14 @@ PRESETS: dict[str, Shape] = {
         n_expert=128, n_expert_used=8, n_ff_exp=1408, n_ff=10944, context_length=131072, rms_eps=1e-5,
         n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID, n_rot=64,
     ),
+    # DeepSeek-V2-Lite's shape (16B-A2.4B): 26 MoE layers of 64 experts (6 used) and 2 shared after a dense layer,
+    # latent attention without the queries' low-rank step, softmax gating; about 9.7 GiB with q4_0 experts (7.5 GiB
+    # of them) and the qwen2 vocabulary
+    "deepseek-v2-lite": Shape(
+        arch=ARCH_DEEPSEEK2, n_layer=27, n_embd=2048, n_head=16, n_head_kv=1, head_dim=192,
+        n_expert=64, n_expert_used=6, n_ff_exp=1408, n_ff=10944, context_length=163840, rope_freq_base=10_000.0,
+        n_expert_shared=2, expert_gating=GATING_SOFTMAX, n_rot=64, kv_lora_rank=512,
+    ),
     # Qwen3-8B's shape, dense: about 8 GiB at q4_0, the bench's dense model beside 30b-a3b
     "8b": Shape(
         arch=ARCH_QWEN3, n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
@@ -308,17 +353,20 @@ PRESETS: dict[str, Shape] = {
 
 SHAPE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Shape) if f.name != "arch")
 _EXPERT_FIELDS = ("n_expert", "n_expert_used", "n_ff_exp")
-_DEEPSEEK_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Shape)
-                      if f.name in ("n_nextn", "n_expert_shared", "n_expert_groups", "n_group_used", "expert_gating",
-                                    "expert_weights_scale", "n_rot")}
+# the fields only some architectures read, and those
+_ARCH_FIELDS: dict[str, frozenset[str]] = {
+    **{f: DEEPSEEK_ROUTING for f in ("n_nextn", "n_expert_shared", "n_expert_groups", "n_group_used",
+                                     "expert_gating", "expert_weights_scale", "n_rot")},
+    **{f: frozenset({ARCH_DEEPSEEK2}) for f in ("q_lora_rank", "kv_lora_rank")},
+}
 
 
 def _arch_defaults(shape: Shape, arch: str) -> Shape:
     """``shape`` (of another architecture's preset) as ``arch`` has it: what the architecture needs of it."""
     if arch not in MOE_ARCHITECTURES:
         shape = shape.replace(**{f: 0 for f in _EXPERT_FIELDS})
-    if arch not in DEEPSEEK_ROUTING:
-        shape = shape.replace(**_DEEPSEEK_DEFAULTS)
+    defaults = {f.name: f.default for f in dataclasses.fields(Shape)}
+    shape = shape.replace(**{f: defaults[f] for f, archs in _ARCH_FIELDS.items() if arch not in archs})
     if arch == ARCH_OLMOE:  # no grouped keys and values
         shape = shape.replace(n_head_kv=shape.n_head)
     if arch == ARCH_LLAMA4:  # a full-attention layer, and MoE ones between the dense ones
@@ -326,6 +374,13 @@ def _arch_defaults(shape: Shape, arch: str) -> Shape:
     if arch == ARCH_GLM4MOE:  # GLM-4.5's: a dense layer then two MoE ones, a NextN layer, half the head rotated
         shape = shape.replace(n_layer=max(shape.n_layer, 3), n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID,
                               n_rot=shape.head_dim // 2)
+    if arch == ARCH_DEEPSEEK2:  # DeepSeek-V3's: GLM's and groups of experts, a scale, latent attention
+        n = shape.n_expert
+        groups = next((g for g in (8, 4, 2) if n % g == 0 and n // g >= 2 and 2 * shape.n_expert_used <= n), 0)
+        shape = shape.replace(n_layer=max(shape.n_layer, 3), n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID,
+                              expert_weights_scale=2.5, n_expert_groups=groups, n_group_used=groups // 2,
+                              n_rot=shape.head_dim // 2, n_head_kv=1, q_lora_rank=3 * shape.n_embd // 4,
+                              kv_lora_rank=shape.n_embd // 2)
     return shape
 
 
@@ -478,6 +533,9 @@ def plan(
     if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1:
         raise ValueError(f"n_vocab must be a positive integer, got {n_vocab!r}")
     _check_blocks(shape, etype, dtype)
+    if shape.arch == ARCH_DEEPSEEK2 and shape.q_lora_rank and shape.n_layer == 48 and n_vocab == 128256:
+        raise ValueError("q_lora_rank must be 0 for a deepseek2 of 48 layers and 128256 tokens (b11549 takes it for "
+                         "Kanana-2-30B-A3B, a lite one, and reads no q_lora_rank)")
     if scale_signs not in SCALE_SIGNS:
         raise ValueError(f"scale_signs must be one of {', '.join(SCALE_SIGNS)}, got {scale_signs!r}")
     scale_signs = _routing_signs(routing, scale_signs, skew, shape)
@@ -536,7 +594,12 @@ def _check_blocks(shape: Shape, etype: GGMLType, dtype: GGMLType) -> None:
     for name, n in ffn_rows.items():
         if n % etype.block_size:
             raise ValueError(f"expert_type {etype.name} needs {name} to be a multiple of {etype.block_size}, got {n}")
-    for name, n in {"n_embd": shape.n_embd, "n_head * head_dim": shape.n_embd_q}.items():
+    dense_rows = {"n_embd": shape.n_embd, "n_head * head_dim": shape.n_embd_q}
+    if shape.arch == ARCH_DEEPSEEK2:  # the latent attention's projections
+        v = shape.head_dim_v
+        dense_rows = {"n_embd": shape.n_embd, "q_lora_rank": shape.q_lora_rank, "kv_lora_rank": shape.kv_lora_rank,
+                      "head_dim - n_rot": v, "n_head * (head_dim - n_rot)": shape.n_head * v}
+    for name, n in dense_rows.items():
         if n % dtype.block_size:
             raise ValueError(f"dense_type {dtype.name} needs {name} to be a multiple of {dtype.block_size}, got {n}")
 
@@ -555,6 +618,18 @@ def _tensor_list(shape: Shape, etype: GGMLType, dtype: GGMLType, n_vocab: int, s
 
 def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skewed: bool) -> Iterator[TensorPlan]:
     """The tensors of block ``il``."""
+    norm = GGML_TYPES["f32"]
+    yield TensorPlan(f"blk.{il}.attn_norm.weight", (shape.n_embd,), norm, "ones", 0.0, "norm")
+    if shape.arch == ARCH_DEEPSEEK2:
+        yield from _mla_tensors(shape, il, dtype)
+        yield TensorPlan(f"blk.{il}.ffn_norm.weight", (shape.n_embd,), norm, "ones", 0.0, "norm")
+    else:
+        yield from _attention_tensors(shape, il, dtype, skewed)
+    yield from _ffn_tensors(shape, il, etype)
+
+
+def _attention_tensors(shape: Shape, il: int, dtype: GGMLType, skewed: bool) -> Iterator[TensorPlan]:
+    """The attention tensors of block ``il`` (but deepseek2's) and the norm of the FFN's input."""
     f32 = GGML_TYPES["f32"]
     gpt_oss = shape.arch == ARCH_GPT_OSS
     n_embd, n_q, n_kv = shape.n_embd, shape.n_embd_q, shape.n_embd_kv
@@ -562,7 +637,6 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
     def t(name: str, dims: tuple[int, ...], typ: GGMLType, init: str, std: float, role: str) -> TensorPlan:
         return TensorPlan(f"blk.{il}.{name}", dims, typ, init, std, role)
 
-    yield t("attn_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
     yield t("attn_q.weight", (n_embd, n_q), dtype, "normal", DENSE_STD, "attn")
     yield t("attn_k.weight", (n_embd, n_kv), dtype, "normal", DENSE_STD, "attn")
     yield t("attn_v.weight", (n_embd, n_kv), dtype, "normal", DENSE_STD, "attn")
@@ -590,6 +664,42 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
             yield t("attn_k_norm.weight", (n_kv,), f32, "ones", 0.0, "norm")
         post_attn = "post_attention_norm" if shape.arch == ARCH_GLM4MOE else "ffn_norm"  # the FFN's input norm
         yield t(f"{post_attn}.weight", (n_embd,), f32, "ones", 0.0, "norm")
+
+
+def _mla_tensors(shape: Shape, il: int, dtype: GGMLType) -> Iterator[TensorPlan]:
+    """deepseek2's multi-head latent attention in block ``il``: queries through a low-rank step (``q_lora_rank``) or
+    one projection, keys and values through the latent (``kv_lora_rank``) and the rotated part of the key beside it,
+    the latent's projections to each head's key (unrotated part) and value, the output."""
+    f32 = GGML_TYPES["f32"]
+    n_embd, n_head, q_rank, kv_rank = shape.n_embd, shape.n_head, shape.q_lora_rank, shape.kv_lora_rank
+    nope, v = shape.head_dim - shape.rot, shape.head_dim_v
+
+    def t(name: str, dims: tuple[int, ...], typ: GGMLType, init: str, std: float, role: str) -> TensorPlan:
+        return TensorPlan(f"blk.{il}.{name}", dims, typ, init, std, role)
+
+    if q_rank:
+        yield t("attn_q_a_norm.weight", (q_rank,), f32, "ones", 0.0, "norm")
+    yield t("attn_kv_a_norm.weight", (kv_rank,), f32, "ones", 0.0, "norm")
+    if q_rank:
+        yield t("attn_q_a.weight", (n_embd, q_rank), dtype, "normal", DENSE_STD, "attn")
+        yield t("attn_q_b.weight", (q_rank, shape.n_embd_q), dtype, "normal", DENSE_STD, "attn")
+    else:
+        yield t("attn_q.weight", (n_embd, shape.n_embd_q), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_kv_a_mqa.weight", (n_embd, kv_rank + shape.rot), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_k_b.weight", (nope, kv_rank, n_head), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_v_b.weight", (kv_rank, v, n_head), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_output.weight", (n_head * v, n_embd), dtype, "normal", DENSE_STD, "attn")
+
+
+def _ffn_tensors(shape: Shape, il: int, etype: GGMLType) -> Iterator[TensorPlan]:
+    """The FFN tensors of block ``il``: a dense FFN, or the router, the experts and the shared expert."""
+    f32 = GGML_TYPES["f32"]
+    gpt_oss = shape.arch == ARCH_GPT_OSS
+    n_embd = shape.n_embd
+
+    def t(name: str, dims: tuple[int, ...], typ: GGMLType, init: str, std: float, role: str) -> TensorPlan:
+        return TensorPlan(f"blk.{il}.{name}", dims, typ, init, std, role)
+
     if not shape.is_moe_layer(il):  # a dense model, or a dense layer of a MoE one
         yield t("ffn_gate.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")
         yield t("ffn_up.weight", (n_embd, shape.n_ff), etype, "normal", EXPERT_RMS, "ffn")

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from pyllama_moe.tools.synth import routing as synth_routing
 from pyllama_moe.tools.synth.shapes import (
+    ARCH_DEEPSEEK2,
     ARCH_ERNIE_MOE,
     ARCH_GPT_OSS,
     ARCH_GRANITEMOE,
@@ -84,8 +85,11 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.feed_forward_length", s.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", s.n_head)
     writer.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
-    writer.add_uint32(f"{a}.attention.key_length", s.head_dim)
-    writer.add_uint32(f"{a}.attention.value_length", s.head_dim)
+    if a == ARCH_DEEPSEEK2:
+        _add_mla(writer, p)
+    else:
+        writer.add_uint32(f"{a}.attention.key_length", s.head_dim)
+        writer.add_uint32(f"{a}.attention.value_length", s.head_dim)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps)
     writer.add_float32(f"{a}.rope.freq_base", s.rope_freq_base)
     writer.add_uint32(f"{a}.rope.dimension_count", s.rot)
@@ -130,7 +134,7 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
 
 
 def _add_deepseek_routing(writer: gguf.GGUFWriter, p: Plan) -> None:
-    """The keys of DeepSeek-V3's routing (glm4moe): shared experts, gating, groups, NextN layers."""
+    """The keys of DeepSeek-V3's routing (glm4moe, deepseek2): shared experts, gating, groups, NextN layers."""
     s, a = p.shape, p.shape.arch
     writer.add_uint32(f"{a}.expert_shared_count", s.n_expert_shared)
     writer.add_uint32(f"{a}.expert_gating_func", s.expert_gating)
@@ -141,6 +145,18 @@ def _add_deepseek_routing(writer: gguf.GGUFWriter, p: Plan) -> None:
         writer.add_uint32(f"{a}.expert_group_used_count", s.n_group_used)
     if s.n_nextn:
         writer.add_uint32(f"{a}.nextn_predict_layers", s.n_nextn)
+
+
+def _add_mla(writer: gguf.GGUFWriter, p: Plan) -> None:
+    """The keys of deepseek2's latent attention: what the cache holds per token (one head: the latent and the key's
+    rotated part, the latent again as the value), the heads' widths, the ranks."""
+    s, a = p.shape, p.shape.arch
+    writer.add_uint32(f"{a}.attention.key_length", s.kv_lora_rank + s.rot)
+    writer.add_uint32(f"{a}.attention.value_length", s.kv_lora_rank)
+    writer.add_uint32(f"{a}.attention.key_length_mla", s.head_dim)
+    writer.add_uint32(f"{a}.attention.value_length_mla", s.head_dim_v)
+    writer.add_uint32(f"{a}.attention.q_lora_rank", s.q_lora_rank)  # 0: one projection (a lite model reads none)
+    writer.add_uint32(f"{a}.attention.kv_lora_rank", s.kv_lora_rank)
 
 
 _Job = tuple[int, Callable[[], npt.NDArray[Any]]]
