@@ -191,8 +191,9 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
     r = read(tiny_files[arch])
     s = synth.resolve_shape("tiny", arch)
     assert value(r, "general.architecture") == arch
-    # llama4: a full-attention layer; glm4moe, deepseek2: a dense layer, two MoE ones and a NextN layer after them
-    assert value(r, f"{arch}.block_count") == s.n_block == {"llama4": 4, "glm4moe": 4, "deepseek2": 4}.get(arch, 2)
+    # llama4, qwen3next: a full-attention layer; glm4moe, deepseek2: a dense layer, two MoE ones and a NextN layer
+    assert value(r, f"{arch}.block_count") == s.n_block == (4 if arch in ("llama4", "qwen3next", "glm4moe",
+                                                                          "deepseek2") else 2)
     assert value(r, f"{arch}.embedding_length") == 64
     assert value(r, f"{arch}.attention.head_count") == 4
     # olmoe: no GQA; deepseek2: the heads share the latent
@@ -294,6 +295,28 @@ def test_tiny_reads_back(arch: str, tiny_files: dict[str, Path], small_vocab: Pa
         assert tuple(got["blk.3.exp_probs_b.bias"].shape) == (8,) and tuple(got["blk.3.ffn_norm.weight"].shape) == (64,)
         assert tuple(got["blk.2.ffn_down_shexp.weight"].shape) == (32, 64)
         assert tuple(got["blk.3.nextn.eh_proj.weight"].shape) == (128, 64)
+    elif arch == "qwen3next":  # three layers of linear attention, one of full attention with gated queries
+        assert value(r, "qwen3next.full_attention_interval") == 4 and value(r, "qwen3next.ssm.conv_kernel") == 4
+        assert value(r, "qwen3next.ssm.inner_size") == 64 and value(r, "qwen3next.ssm.state_size") == 16
+        assert value(r, "qwen3next.ssm.time_step_rank") == 4 and value(r, "qwen3next.ssm.group_count") == 2
+        assert value(r, "qwen3next.rope.dimension_count") == 4  # a quarter of the head rotated
+        assert value(r, "qwen3next.expert_shared_feed_forward_length") == TINY.n_ff
+        for il in (0, 1, 2):  # the gated delta net: 2 key heads and 4 value heads of 16
+            assert tuple(got[f"blk.{il}.attn_qkv.weight"].shape) == (64, 2 * 32 + 64)
+            assert tuple(got[f"blk.{il}.attn_gate.weight"].shape) == (64, 64)
+            assert tuple(got[f"blk.{il}.ssm_conv1d.weight"].shape) == (4, 128)
+            assert tuple(got[f"blk.{il}.ssm_ba.weight"].shape) == (64, 8)
+            assert tuple(got[f"blk.{il}.ssm_norm.weight"].shape) == (16,)
+            assert tuple(got[f"blk.{il}.ssm_out.weight"].shape) == (64, 64)
+            assert tuple(got[f"blk.{il}.ssm_dt.bias"].shape) == (4,) and f"blk.{il}.attn_q.weight" not in got
+            decay = values(got[f"blk.{il}.ssm_a"])
+            assert decay.shape == (4,) and np.all((-16 <= decay) & (decay <= -1))  # -exp(A_log): the state decays
+        assert tuple(got["blk.3.attn_q.weight"].shape) == (64, 2 * 64)  # each head's query and its gate
+        assert tuple(got["blk.3.attn_k_norm.weight"].shape) == (16,) and "blk.3.attn_qkv.weight" not in got
+        for il in range(4):  # every layer a MoE with a gated shared expert
+            assert tuple(got[f"blk.{il}.ffn_gate_inp_shexp.weight"].shape) == (64,)
+            assert tuple(got[f"blk.{il}.ffn_up_shexp.weight"].shape) == (64, TINY.n_ff)
+            assert tuple(got[f"blk.{il}.post_attention_norm.weight"].shape) == (64,)
     elif arch == "llama4":  # MoE every other layer, a shared expert as wide as the experts
         assert value(r, "llama4.interleave_moe_layer_step") == 2
         assert tuple(got["blk.0.ffn_gate.weight"].shape) == (64, TINY.n_ff) and "blk.0.ffn_gate_inp.weight" not in got
@@ -574,6 +597,8 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "qwen2moe", "head_dim": 32}, r"n_head \* head_dim"),  # its attention output is n_embd square
         ({"arch": "olmoe", "n_head_kv": 2}, "n_head_kv"),
         ({"arch": "llama4", "n_layer": 3}, "n_layer"),  # b11549 aborts without a full-attention layer
+        ({"arch": "qwen3next", "n_layer": 3}, "n_layer"),  # so it does for qwen3next
+        ({"arch": "qwen3next", "n_rot": 18}, "n_rot"),
         ({"n_nextn": 1}, "n_nextn is for the deepseek2, glm4moe"),  # DeepSeek-V3's routing's fields: not qwen3moe's
         ({"expert_weights_scale": 2.5}, "expert_weights_scale"),
         ({"arch": "glm4moe", "n_nextn": 2}, "n_nextn"),  # b11549's NextN graph aborts on two
@@ -687,7 +712,7 @@ def llama_lib() -> Iterator[Any]:
 @pytest.mark.parametrize(("arch", "skew"), [("qwen3moe", 0.0), ("qwen3moe", 1.0), ("gpt-oss", 1.0), ("qwen3", 0.0),
                                            ("qwen2moe", 0.0), ("olmoe", 0.0), ("llama", 0.0), ("granitemoe", 0.0),
                                            ("ernie4_5-moe", 0.0), ("llama4", 0.0), ("glm4moe", 0.0),
-                                           ("deepseek2", 0.0)])
+                                           ("deepseek2", 0.0), ("qwen3next", 0.0)])
 def test_tiny_loads_in_llama(llama_lib: Any, real_vocab: Path, tmp_path: Path, arch: str, skew: float) -> None:
     """NATIVE: the tiny model loads in the built llama.cpp and decodes to finite logits."""
     ffi, lib = llama_lib
@@ -967,3 +992,35 @@ def test_deepseek_v2_lite_loads_as_lite_and_routes_with_softmax(small_vocab: Pat
         assert np.allclose(probs.sum(axis=1), 1, rtol=1e-5)  # softmax
         assert [set(r.tolist()) for r in got[f"ffn_moe_argsort-{il}"][:, :k]] == _select(probs, 0 * probs[0], k, 0, 0)
     assert not [n for n in got if n.startswith("ffn_moe_weights_norm")]
+
+
+def test_qwen3next_attends_linearly_and_routes_with_softmax(small_vocab: Path, tmp_path: Path) -> None:
+    """NATIVE: qwen3next's tiny model runs three layers of linear attention (the gated delta net, with a recurrent
+    state: a hybrid memory) to one of full attention with gated queries, and routes as Qwen3-Next: softmax
+    probabilities, the top K, their weights normalised."""
+    pytest.importorskip("pyllama_moe._cffi", reason="native part not built")
+    from pyllama_moe.ffi import ffi, lib
+    from pyllama_moe.tools import capture
+
+    path = synth.write_model(tmp_path / "q3n.gguf", "tiny", arch="qwen3next", vocab_path=small_vocab)
+    lib.llama_backend_init()
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+    assert model != ffi.NULL
+    try:
+        assert lib.llama_model_is_hybrid(model)  # recurrent states beside a KV cache
+    finally:
+        lib.llama_model_free(model)
+    tokens = np.random.default_rng(3).integers(0, 299, 32).tolist()
+    got, k = capture.capture(path, tokens, r"ffn_moe_(probs|argsort|weights_norm)-\d+|linear_attn_out-\d+|"
+                             r"attn_gated-\d+", threads=1)
+    assert k == 2
+    assert {n for n in got if n.startswith(("linear_attn_out", "attn_gated"))} == {
+        "linear_attn_out-0", "linear_attn_out-1", "linear_attn_out-2", "attn_gated-3"}
+    for il in range(4):
+        probs, picked = got[f"ffn_moe_probs-{il}"], got[f"ffn_moe_argsort-{il}"][:, :k]
+        assert np.allclose(probs.sum(axis=1), 1, rtol=1e-5)  # softmax
+        assert [set(r.tolist()) for r in picked] == _select(probs, 0 * probs[0], k, 0, 0)
+        sel = np.take_along_axis(probs, picked.astype(np.int64), axis=1)
+        assert np.allclose(got[f"ffn_moe_weights_norm-{il}"], sel / sel.sum(axis=1, keepdims=True), rtol=1e-5)

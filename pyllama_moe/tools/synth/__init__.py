@@ -3,8 +3,8 @@
 ``llama`` with experts (Mixtral), ``granitemoe`` (Mixtral's tensors, Granite's multipliers), ``ernie4_5-moe`` (a
 leading dense layer, a selection bias, a shared expert), ``llama4`` (MoE every other layer, a shared expert),
 ``glm4moe`` (DeepSeek-V3's routing: a leading dense layer, shared experts, sigmoid gating with a selection bias; a NextN
-layer after the trunk) and ``deepseek2`` (that routing with groups of experts, and multi-head latent attention), and the
-dense ``qwen3``.
+layer after the trunk), ``deepseek2`` (that routing with groups of experts, and multi-head latent attention) and
+``qwen3next`` (linear attention in three layers of four, a gated shared expert), and the dense ``qwen3``.
 
 The models have the exact tensor names, shapes and metadata keys of the real architectures and a
 real tokenizer (every ``tokenizer.*`` key copied from a vocab-only GGUF, by default upstream's

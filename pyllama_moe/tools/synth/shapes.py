@@ -32,11 +32,15 @@ ARCH_GLM4MOE = "glm4moe"
 # DeepSeek-V2/V3 (and Kimi-K2): multi-head latent attention (low-rank queries, keys and values through a compressed
 # latent), and GLM-4.5's MoE besides: a leading dense layer, shared experts, expert groups, NextN layers
 ARCH_DEEPSEEK2 = "deepseek2"
+# Qwen3-Next: three layers of linear attention (a gated delta net with a recurrent state) to one of full attention
+# (its queries gated), every FFN a MoE with a gated shared expert
+ARCH_QWEN3NEXT = "qwen3next"
 ARCHITECTURES: tuple[str, ...] = (ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN3, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
-                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE, ARCH_DEEPSEEK2)
+                                  ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE, ARCH_DEEPSEEK2,
+                                  ARCH_QWEN3NEXT)
 MOE_ARCHITECTURES: frozenset[str] = frozenset({ARCH_QWEN3MOE, ARCH_GPT_OSS, ARCH_QWEN2MOE, ARCH_OLMOE, ARCH_MIXTRAL,
                                                ARCH_GRANITEMOE, ARCH_ERNIE_MOE, ARCH_LLAMA4, ARCH_GLM4MOE,
-                                               ARCH_DEEPSEEK2})
+                                               ARCH_DEEPSEEK2, ARCH_QWEN3NEXT})
 # which layers' FFN is a mixture of experts: (leading dense layers, every how many layers) as the loaders read
 # leading_dense_block_count and interleave_moe_layer_step; the others: every layer
 MOE_LAYOUT: dict[str, tuple[int, int]] = {ARCH_ERNIE_MOE: (1, 1), ARCH_LLAMA4: (0, 2), ARCH_GLM4MOE: (1, 1),
@@ -47,6 +51,10 @@ DEEPSEEK_ROUTING: frozenset[str] = frozenset({ARCH_GLM4MOE, ARCH_DEEPSEEK2})
 # b11549 takes a deepseek2 of these trunk layer counts for a "lite" one (DeepSeek-V2-Lite's 27, GigaChat3's 26) and
 # reads no q_lora_rank: its queries are one projection
 DEEPSEEK2_LITE_LAYERS = (26, 27)
+# qwen3next: every how many layers one attends fully (full_attention_interval; the others are linear), the length of
+# the linear attention's convolution (ssm.conv_kernel); its other widths are the shape's (see Shape)
+QWEN3NEXT_FULL_ATTENTION_INTERVAL = 4
+QWEN3NEXT_CONV_KERNEL = 4
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's llama_expert_gating_func_type (expert_gating_func)
 # the experts' width as feed_forward_length (their loaders read no expert_feed_forward_length)
 FFN_SIZED_EXPERTS: frozenset[str] = frozenset({ARCH_OLMOE, ARCH_MIXTRAL, ARCH_GRANITEMOE})
@@ -61,6 +69,7 @@ DENSE_STD = 0.02
 ROUTER_STD = 0.05
 BIAS_STD = 0.001  # small: a constant bias is a direction every token shares, which skews routing
 SINK_STD = 0.5
+CONV_STD = 0.5  # qwen3next's convolution over 4 tokens: about unit gain
 Q4_0_SCALE = 0.02
 EXPERT_RMS = Q4_0_SCALE * math.sqrt(21.5)  # E[(nibble - 8)^2] = 21.25 + 0.25 for uniform nibbles
 
@@ -138,6 +147,9 @@ class Shape:
     step, as in DeepSeek-V2-Lite) and ``kv_lora_rank``, the widths of the compressed queries and keys/values; its
     ``head_dim`` is a query's and key's (``n_rot`` of it rotated), a value's is ``head_dim - n_rot`` (as in V2 and
     V3), ``n_head_kv`` is 1 (the latent is shared by the heads: the file's keys and values are those of the latent).
+
+    ``qwen3next`` reads ``n_rot`` too; its linear attention takes its widths from the full attention's: ``n_head``
+    value heads and ``n_head_kv`` key heads of ``head_dim`` each (Qwen3-Next-80B's are 32 and 16 of 128).
     """
 
     arch: str
@@ -183,6 +195,10 @@ class Shape:
     def moe_layers(self) -> list[int]:
         """The trunk's layers whose FFN is a mixture of experts (none for a dense model; no NextN layer)."""
         return [il for il in range(self.n_layer) if self.is_moe_layer(il)]
+
+    def is_recurrent_layer(self, il: int) -> bool:
+        """Whether block ``il`` attends linearly, with a recurrent state (qwen3next's, but every fourth)."""
+        return self.arch == ARCH_QWEN3NEXT and il < self.n_layer and (il + 1) % QWEN3NEXT_FULL_ATTENTION_INTERVAL != 0
 
     @property
     def rot(self) -> int:
@@ -244,8 +260,10 @@ class Shape:
                              f"{self.n_embd}")
         if self.arch == ARCH_OLMOE and self.n_head_kv != self.n_head:  # its key norm spans the whole width
             raise ValueError(f"{self.arch} needs n_head_kv == n_head, got {self.n_head_kv} and {self.n_head}")
-        if self.arch == ARCH_LLAMA4 and self.n_layer < 4:  # b11549 aborts without a full-attention layer (1 in 4)
+        if self.arch in (ARCH_LLAMA4, ARCH_QWEN3NEXT) and self.n_layer < 4:  # b11549 aborts without a full-attention
             raise ValueError(f"{self.arch} needs n_layer >= 4 (every fourth layer attends fully), got {self.n_layer}")
+        if self.n_rot % 2 or self.n_rot > self.head_dim:
+            raise ValueError(f"n_rot must be even and at most head_dim ({self.head_dim}), got {self.n_rot}")
         for f in dataclasses.fields(self):
             archs = _ARCH_FIELDS.get(f.name, frozenset({self.arch}))
             if self.arch not in archs and getattr(self, f.name) != f.default:
@@ -274,8 +292,6 @@ class Shape:
         if self.expert_gating not in (GATING_SOFTMAX, GATING_SIGMOID):
             raise ValueError(f"expert_gating must be {GATING_SOFTMAX} (softmax) or {GATING_SIGMOID} (sigmoid) for "
                              f"{self.arch}, got {self.expert_gating}")
-        if self.n_rot % 2 or self.n_rot > self.head_dim:
-            raise ValueError(f"n_rot must be even and at most head_dim ({self.head_dim}), got {self.n_rot}")
         groups, used = self.n_expert_groups, self.n_group_used
         if groups and groups >= self.n_expert:
             raise ValueError(f"n_expert_groups ({groups}) must be less than n_expert ({self.n_expert})")
@@ -356,7 +372,8 @@ _EXPERT_FIELDS = ("n_expert", "n_expert_used", "n_ff_exp")
 # the fields only some architectures read, and those
 _ARCH_FIELDS: dict[str, frozenset[str]] = {
     **{f: DEEPSEEK_ROUTING for f in ("n_nextn", "n_expert_shared", "n_expert_groups", "n_group_used",
-                                     "expert_gating", "expert_weights_scale", "n_rot")},
+                                     "expert_gating", "expert_weights_scale")},
+    "n_rot": DEEPSEEK_ROUTING | {ARCH_QWEN3NEXT},
     **{f: frozenset({ARCH_DEEPSEEK2}) for f in ("q_lora_rank", "kv_lora_rank")},
 }
 
@@ -374,6 +391,8 @@ def _arch_defaults(shape: Shape, arch: str) -> Shape:
     if arch == ARCH_GLM4MOE:  # GLM-4.5's: a dense layer then two MoE ones, a NextN layer, half the head rotated
         shape = shape.replace(n_layer=max(shape.n_layer, 3), n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID,
                               n_rot=shape.head_dim // 2)
+    if arch == ARCH_QWEN3NEXT:  # three linear layers, a full one; a quarter of the head rotated (Qwen3-Next's)
+        shape = shape.replace(n_layer=max(shape.n_layer, 4), n_rot=shape.head_dim // 4)
     if arch == ARCH_DEEPSEEK2:  # DeepSeek-V3's: GLM's and groups of experts, a scale, latent attention
         n = shape.n_expert
         groups = next((g for g in (8, 4, 2) if n % g == 0 and n // g >= 2 and 2 * shape.n_expert_used <= n), 0)
@@ -416,7 +435,8 @@ class TensorPlan:
 
     ``shape`` is in ggml order (``ne0`` first: the row length), as GGUF stores it; numpy order is
     the reverse. ``init`` says how its values are made: ``normal`` (``std``), ``ones``, ``router``
-    (normal plus the skew), ``vbias`` (qwen3moe's skew value bias). ``role`` is one of ``expert``,
+    (normal plus the skew), ``vbias`` (qwen3moe's skew value bias), ``decay`` (qwen3next's ``ssm_a``: ``-A`` with
+    ``A`` uniform in [1, 16], as its ``A_log`` is initialised). ``role`` is one of ``expert``,
     ``ffn``, ``attn``, ``embd``, ``norm``, ``router``, ``bias``.
     """
 
@@ -589,7 +609,7 @@ def _check_blocks(shape: Shape, etype: GGMLType, dtype: GGMLType) -> None:
     """ValueError if a row of a quantized tensor is not a whole number of blocks."""
     ffn_rows = {"n_embd": shape.n_embd}
     ffn_rows.update({"n_ff_exp": shape.n_ff_exp} if shape.is_moe else {"n_ff": shape.n_ff})
-    if shape.arch in (ARCH_QWEN2MOE, *MOE_LAYOUT):  # a shared expert, dense layers beside the MoE ones
+    if shape.arch in (ARCH_QWEN2MOE, ARCH_QWEN3NEXT, *MOE_LAYOUT):  # a shared expert, dense layers beside the MoE ones
         ffn_rows["n_ff"] = shape.n_ff
     for name, n in ffn_rows.items():
         if n % etype.block_size:
@@ -623,6 +643,9 @@ def _layer_tensors(shape: Shape, il: int, etype: GGMLType, dtype: GGMLType, skew
     if shape.arch == ARCH_DEEPSEEK2:
         yield from _mla_tensors(shape, il, dtype)
         yield TensorPlan(f"blk.{il}.ffn_norm.weight", (shape.n_embd,), norm, "ones", 0.0, "norm")
+    elif shape.is_recurrent_layer(il):
+        yield from _delta_net_tensors(shape, il, dtype)
+        yield TensorPlan(f"blk.{il}.post_attention_norm.weight", (shape.n_embd,), norm, "ones", 0.0, "norm")
     else:
         yield from _attention_tensors(shape, il, dtype, skewed)
     yield from _ffn_tensors(shape, il, etype)
@@ -637,7 +660,8 @@ def _attention_tensors(shape: Shape, il: int, dtype: GGMLType, skewed: bool) -> 
     def t(name: str, dims: tuple[int, ...], typ: GGMLType, init: str, std: float, role: str) -> TensorPlan:
         return TensorPlan(f"blk.{il}.{name}", dims, typ, init, std, role)
 
-    yield t("attn_q.weight", (n_embd, n_q), dtype, "normal", DENSE_STD, "attn")
+    gated = shape.arch == ARCH_QWEN3NEXT  # each head's query, then its output's gate
+    yield t("attn_q.weight", (n_embd, 2 * n_q if gated else n_q), dtype, "normal", DENSE_STD, "attn")
     yield t("attn_k.weight", (n_embd, n_kv), dtype, "normal", DENSE_STD, "attn")
     yield t("attn_v.weight", (n_embd, n_kv), dtype, "normal", DENSE_STD, "attn")
     if gpt_oss:
@@ -656,14 +680,36 @@ def _attention_tensors(shape: Shape, il: int, dtype: GGMLType, skewed: bool) -> 
         yield t("attn_sinks.weight", (shape.n_head,), f32, "normal", SINK_STD, "attn")
         yield t("post_attention_norm.weight", (n_embd,), f32, "ones", 0.0, "norm")
     else:
-        if shape.arch in (ARCH_QWEN3MOE, ARCH_QWEN3):  # per head
+        if shape.arch in (ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_QWEN3NEXT):  # per head
             yield t("attn_q_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
             yield t("attn_k_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
         elif shape.arch == ARCH_OLMOE:  # over the whole width
             yield t("attn_q_norm.weight", (n_q,), f32, "ones", 0.0, "norm")
             yield t("attn_k_norm.weight", (n_kv,), f32, "ones", 0.0, "norm")
-        post_attn = "post_attention_norm" if shape.arch == ARCH_GLM4MOE else "ffn_norm"  # the FFN's input norm
+        post_attn = "post_attention_norm" if shape.arch in (ARCH_GLM4MOE, ARCH_QWEN3NEXT) else "ffn_norm"  # FFN input
         yield t(f"{post_attn}.weight", (n_embd,), f32, "ones", 0.0, "norm")
+
+
+def _delta_net_tensors(shape: Shape, il: int, dtype: GGMLType) -> Iterator[TensorPlan]:
+    """qwen3next's linear attention in block ``il``: the projections to the queries, keys and values (through a short
+    convolution) and to the output's gate, the per-head decay (``ssm_a``, negative: ``-exp(A_log)``) and its time
+    step's bias, the projection to beta and alpha, the gated norm, the output. ``n_head_kv`` key heads and ``n_head``
+    value heads of ``head_dim``."""
+    f32 = GGML_TYPES["f32"]
+    n_embd, key_dim, value_dim, n_v = shape.n_embd, shape.n_embd_kv, shape.n_embd_q, shape.n_head
+    conv_dim = 2 * key_dim + value_dim
+
+    def t(name: str, dims: tuple[int, ...], typ: GGMLType, init: str, std: float, role: str) -> TensorPlan:
+        return TensorPlan(f"blk.{il}.{name}", dims, typ, init, std, role)
+
+    yield t("attn_qkv.weight", (n_embd, conv_dim), dtype, "normal", DENSE_STD, "attn")
+    yield t("attn_gate.weight", (n_embd, value_dim), dtype, "normal", DENSE_STD, "attn")
+    yield t("ssm_conv1d.weight", (QWEN3NEXT_CONV_KERNEL, conv_dim), f32, "normal", CONV_STD, "attn")
+    yield t("ssm_dt.bias", (n_v,), f32, "normal", BIAS_STD, "bias")
+    yield t("ssm_a", (n_v,), f32, "decay", 0.0, "attn")
+    yield t("ssm_ba.weight", (n_embd, 2 * n_v), dtype, "normal", DENSE_STD, "attn")
+    yield t("ssm_norm.weight", (shape.head_dim,), f32, "ones", 0.0, "norm")
+    yield t("ssm_out.weight", (value_dim, n_embd), dtype, "normal", DENSE_STD, "attn")
 
 
 def _mla_tensors(shape: Shape, il: int, dtype: GGMLType) -> Iterator[TensorPlan]:
@@ -718,7 +764,7 @@ def _ffn_tensors(shape: Shape, il: int, etype: GGMLType) -> Iterator[TensorPlan]
         yield t("ffn_gate_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
         yield t("ffn_up_exps.bias", (n_ff_exp, n_exp), f32, "normal", BIAS_STD, "bias")
         yield t("ffn_down_exps.bias", (n_embd, n_exp), f32, "normal", BIAS_STD, "bias")
-    if shape.arch == ARCH_QWEN2MOE:  # the shared expert's gate
+    if shape.arch in (ARCH_QWEN2MOE, ARCH_QWEN3NEXT):  # the shared expert's gate
         yield t("ffn_gate_inp_shexp.weight", (n_embd,), f32, "normal", ROUTER_STD, "router")
     n_sh = _shared_expert_width(shape)
     if n_sh:  # the shared experts as one FFN, always on the device
@@ -733,7 +779,7 @@ def _shared_expert_width(shape: Shape) -> int:
         return shape.n_ff_exp * shape.n_expert_shared
     if shape.arch == ARCH_LLAMA4:  # as wide as the experts
         return shape.n_ff_exp
-    return shape.n_ff if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE) else 0
+    return shape.n_ff if shape.arch in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE, ARCH_QWEN3NEXT) else 0
 
 
 def _nextn_tensors(shape: Shape, il: int, dtype: GGMLType) -> Iterator[TensorPlan]:

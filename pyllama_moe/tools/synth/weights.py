@@ -81,6 +81,12 @@ def _normal_chunk(t: TensorPlan, seed: int, chunk: int) -> npt.NDArray[Any]:
     return values.astype("<f2") if t.type.name == "f16" else values.astype("<f4", copy=False)
 
 
+def _decay_values(t: TensorPlan, seed: int) -> npt.NDArray[np.float32]:
+    """qwen3next's per-head decay ``ssm_a``: ``-A`` for ``A`` uniform in [1, 16] (``A_log``'s initialisation), so that
+    the recurrent state decays whatever the rest of the weights."""
+    return np.asarray(-_rng(seed, t.name, 0).uniform(1.0, 16.0, t.n_elements), dtype="<f4")
+
+
 def _normal_values(t: TensorPlan, seed: int) -> npt.NDArray[np.float32]:
     """All values of a random tensor as written (after rounding), in numpy order."""
     raw = np.concatenate([_normal_chunk(t, seed, c).reshape(-1).view(np.uint8) for c in range(_chunk_count(t))])

@@ -22,12 +22,15 @@ from pyllama_moe.tools.synth.shapes import (
     ARCH_GPT_OSS,
     ARCH_GRANITEMOE,
     ARCH_QWEN2MOE,
+    ARCH_QWEN3NEXT,
     DEEPSEEK_ROUTING,
     FFN_SIZED_EXPERTS,
     GATING_SIGMOID,
     GGML_TYPES,
     GRANITE_SCALES,
     MOE_LAYOUT,
+    QWEN3NEXT_CONV_KERNEL,
+    QWEN3NEXT_FULL_ATTENTION_INTERVAL,
     Plan,
     _pad,
     plan,
@@ -36,6 +39,7 @@ from pyllama_moe.tools.synth.vocab import _load_vocab, _Vocab, default_vocab_pat
 from pyllama_moe.tools.synth.weights import (
     SHARED_FRACTION,
     _chunk_count,
+    _decay_values,
     _normal_chunk,
     _prepare_routing,
     _prepare_skew,
@@ -97,8 +101,15 @@ def _add_metadata(writer: gguf.GGUFWriter, p: Plan, vocab: _Vocab, preset: str, 
         writer.add_uint32(f"{a}.expert_count", s.n_expert)
         writer.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
         writer.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
-    if a in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE):
+    if a in (ARCH_QWEN2MOE, ARCH_ERNIE_MOE, ARCH_QWEN3NEXT):
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
+    if a == ARCH_QWEN3NEXT:  # the linear attention's widths: n_head value heads, n_head_kv key heads of head_dim
+        writer.add_uint32(f"{a}.full_attention_interval", QWEN3NEXT_FULL_ATTENTION_INTERVAL)
+        writer.add_uint32(f"{a}.ssm.conv_kernel", QWEN3NEXT_CONV_KERNEL)
+        writer.add_uint32(f"{a}.ssm.inner_size", s.n_embd_q)
+        writer.add_uint32(f"{a}.ssm.state_size", s.head_dim)
+        writer.add_uint32(f"{a}.ssm.time_step_rank", s.n_head)
+        writer.add_uint32(f"{a}.ssm.group_count", s.n_head_kv)
     if a in MOE_LAYOUT:
         lead, step = MOE_LAYOUT[a]
         if a not in DEEPSEEK_ROUTING:  # their loaders read no step
@@ -167,6 +178,8 @@ def _jobs(p: Plan, seed: int, skew: _Skew | None, routing: synth_routing.Routing
     for i, t in enumerate(p.tensors):
         if t.init == "ones":
             yield i, functools.partial(np.ones, t.n_elements, dtype="<f4")
+        elif t.init == "decay":
+            yield i, functools.partial(_decay_values, t, seed)
         elif t.init in ("router", "vbias"):
             yield i, functools.partial(_special_values, t, seed, skew, routing)
         elif t.init == "routed":
