@@ -613,7 +613,8 @@ def test_skew_makes_hot_experts_win_and_routing_sticky(small_vocab: Path, tmp_pa
         ({"arch": "deepseek2", "n_rot": 16}, "n_rot"),  # b11549 aborts without an unrotated part of the key
         ({"arch": "deepseek2", "kv_lora_rank": 0}, "kv_lora_rank"),
         ({"arch": "deepseek2", "q_lora_rank": 0}, "q_lora_rank"),  # b11549's NextN graph aborts without it
-        ({"arch": "deepseek2", "n_layer": 27}, "q_lora_rank"),  # b11549 takes 27 layers for V2-Lite: no q_lora_rank
+        # b11549 takes 27 layers for V2-Lite, and reads no q_lora_rank
+        ({"arch": "deepseek2", "n_layer": 27, "q_lora_rank": 48, "n_nextn": 0}, "q_lora_rank"),
         ({"arch": "deepseek2", "dense_type": "q8_0"}, "dense_type q8_0 needs q_lora_rank"),  # rows of 48 values
     ],
 )
@@ -621,6 +622,19 @@ def test_bad_parameters_raise_value_error(kwargs: dict[str, Any], param: str) ->
     preset = kwargs.pop("preset", "tiny")
     with pytest.raises(ValueError, match=param):
         synth.plan(preset, **kwargs)
+
+
+def test_arch_defaults_follow_the_given_widths() -> None:
+    assert synth.resolve_shape("tiny", "glm4moe", head_dim=32, n_head=2).n_rot == 16  # half the head rotated
+    assert synth.resolve_shape("tiny", "qwen3next", head_dim=32, n_head=2).n_rot == 8  # a quarter
+    s = synth.resolve_shape("tiny", "deepseek2", n_expert=6, n_embd=128)
+    assert (s.n_expert_groups, s.n_group_used, s.q_lora_rank, s.kv_lora_rank) == (2, 1, 96, 64)
+    assert synth.resolve_shape("tiny", "deepseek2", n_expert_used=6).n_expert_groups == 0  # 6 of 8: no room for groups
+    lite = synth.resolve_shape("tiny", "deepseek2", n_layer=27)  # read as V2-Lite: no q_lora_rank, so no NextN layer
+    assert (lite.q_lora_rank, lite.n_nextn) == (0, 0)
+    assert synth.resolve_shape("tiny", "deepseek2", n_rot=4).n_rot == 4  # what is given wins
+    with pytest.raises(ValueError, match="head_dim must be an integer"):
+        synth.resolve_shape("tiny", "glm4moe", head_dim="16")
 
 
 def test_bad_write_arguments(small_vocab: Path, tmp_path: Path) -> None:

@@ -235,17 +235,8 @@ class Shape:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "arch":
-                continue
-            if f.type in ("int", int):
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                    raise ValueError(f"{f.name} must be an integer, got {value!r}")
-                if value < 0:
-                    raise ValueError(f"{f.name} must not be negative, got {value}")
-            elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                  or value <= 0):
-                raise ValueError(f"{f.name} must be a positive finite number, got {value!r}")
+            if f.name != "arch":
+                _check_field(f, getattr(self, f.name))
         for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "context_length", "sliding_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -334,6 +325,17 @@ class Shape:
             raise ValueError(f"n_ff_exp must be at least 1 for {self.arch}, got {self.n_ff_exp}")
 
 
+def _check_field(f: dataclasses.Field[Any], value: Any) -> None:
+    """ValueError unless ``value`` is of field ``f``'s kind: an integer >= 0, or a positive finite number."""
+    if f.type in ("int", int):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{f.name} must be an integer, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{f.name} must not be negative, got {value}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{f.name} must be a positive finite number, got {value!r}")
+
+
 PRESETS: dict[str, Shape] = {
     # about 250 KiB of layers besides the vocabulary-sized embedding and output (19 MiB each in f16)
     "tiny": Shape(
@@ -396,10 +398,11 @@ def _arch_defaults(shape: Shape, arch: str) -> Shape:
     if arch == ARCH_DEEPSEEK2:  # DeepSeek-V3's: GLM's and groups of experts, a scale, latent attention
         n = shape.n_expert
         groups = next((g for g in (8, 4, 2) if n % g == 0 and n // g >= 2 and 2 * shape.n_expert_used <= n), 0)
-        shape = shape.replace(n_layer=max(shape.n_layer, 3), n_nextn=1, n_expert_shared=1, expert_gating=GATING_SIGMOID,
-                              expert_weights_scale=2.5, n_expert_groups=groups, n_group_used=groups // 2,
-                              n_rot=shape.head_dim // 2, n_head_kv=1, q_lora_rank=3 * shape.n_embd // 4,
-                              kv_lora_rank=shape.n_embd // 2)
+        lite = shape.n_layer in DEEPSEEK2_LITE_LAYERS  # read as V2-Lite: one query projection, so no NextN layer
+        shape = shape.replace(n_layer=max(shape.n_layer, 3), n_nextn=0 if lite else 1, n_expert_shared=1,
+                              expert_gating=GATING_SIGMOID, expert_weights_scale=2.5, n_expert_groups=groups,
+                              n_group_used=groups // 2, n_rot=shape.head_dim // 2, n_head_kv=1,
+                              q_lora_rank=0 if lite else 3 * shape.n_embd // 4, kv_lora_rank=shape.n_embd // 2)
     return shape
 
 
@@ -415,12 +418,16 @@ def resolve_shape(preset: str = "tiny", arch: str | None = None, **overrides: An
     if unknown:
         raise ValueError(f"unknown shape parameter {unknown[0]!r}; known: {', '.join(SHAPE_FIELDS)}")
     shape = PRESETS[preset]
+    given = {k: v for k, v in overrides.items() if v is not None}
+    fields = {f.name: f for f in dataclasses.fields(Shape)}
+    for name, value in given.items():
+        _check_field(fields[name], value)
     if arch is not None:
         if not isinstance(arch, str) or arch not in ARCHITECTURES:
             raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-        if arch != shape.arch:
-            shape = _arch_defaults(shape, arch).replace(arch=arch)
-    shape = shape.replace(**{k: v for k, v in overrides.items() if v is not None})
+        if arch != shape.arch:  # the architecture's defaults follow the widths given; what is given wins
+            shape = _arch_defaults(shape.replace(**given), arch).replace(arch=arch)
+    shape = shape.replace(**given)
     shape.validate()
     return shape
 
