@@ -26,10 +26,10 @@ def write_model(path: Path, preset: str, dense: bool = False, progress: bool = F
 def routing_regime(model: Path) -> str:
     """The routing regime a synthetic model was written with (``pyllama_moe.synth.routing``; files from before
     the key: ``collapsed`` with positive scales, else ``uniform`` or ``skew``), ``-`` for other models."""
-    from pyllama_moe.tools.synth import shapes, writer
+    from pyllama_moe.tools.synth import regime_of, writer
 
     meta = GGUFInfo.read(model).meta
     routing, signs = meta.get(writer.META_PREFIX + "routing"), meta.get(writer.META_PREFIX + "scale_signs")
     if routing is None and signs is None:
         return "-"  # not a synthetic model
-    return shapes.regime_of(routing or "", float(meta.get(writer.META_PREFIX + "skew", 0.0)), signs or "")
+    return regime_of(routing or "", float(meta.get(writer.META_PREFIX + "skew", 0.0)), signs or "")

@@ -63,9 +63,10 @@ Router skew (``skew > 0``, ``qwen3moe`` and ``gpt-oss`` only)
     seed, the preset, the scale signs and the hot experts are recorded under the
     ``pyllama_moe.synth.`` metadata keys.
 
-Layout: :mod:`.shapes` (architectures, presets, the plan of every tensor), :mod:`.weights` (random values, the
-skew, the realistic routing's weights), :mod:`.routing` (the realistic routing's construction), :mod:`.vocab` (the
-tokenizer copied from a vocab GGUF), :mod:`.writer` (the GGUF file), :mod:`.cli` (the ``synth`` command).
+Layout: :mod:`.shapes` (architectures, shapes, presets), :mod:`.tensors` (the plan: every tensor of the file),
+:mod:`.weights` (random values, the skew, the realistic routing's weights), :mod:`.routing` (the realistic routing's
+construction), :mod:`.vocab` (the tokenizer copied from a vocab GGUF), :mod:`.writer` (the GGUF file), :mod:`.cli` (the
+``synth`` command).
 
 Public API: :func:`write_model`, :func:`plan`, :class:`Shape`, :data:`PRESETS`,
 :func:`resolve_shape`, :func:`default_vocab_path`, :func:`main` (the ``synth`` command).
@@ -84,15 +85,10 @@ from pyllama_moe.tools.synth.shapes import (
     MOE_ARCHITECTURES,
     PRESETS,
     ROUTER_STD,
-    ROUTINGS,
-    SCALE_SIGNS,
-    Plan,
     Shape,
-    TensorPlan,
-    plan,
-    regime_of,
     resolve_shape,
 )
+from pyllama_moe.tools.synth.tensors import ROUTINGS, SCALE_SIGNS, Plan, TensorPlan, plan, regime_of
 from pyllama_moe.tools.synth.vocab import default_vocab_path
 from pyllama_moe.tools.synth.weights import decode
 from pyllama_moe.tools.synth.writer import META_PREFIX, write_model

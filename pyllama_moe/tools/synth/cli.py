@@ -12,13 +12,10 @@ from pyllama_moe.tools.synth.shapes import (
     DENSE_TYPES,
     EXPERT_TYPES,
     PRESETS,
-    ROUTINGS,
-    SCALE_SIGNS,
     SHAPE_FIELDS,
-    Plan,
     Shape,
-    plan,
 )
+from pyllama_moe.tools.synth.tensors import ROUTINGS, SCALE_SIGNS, Plan, plan
 from pyllama_moe.tools.synth.vocab import VOCAB_ENV
 from pyllama_moe.tools.synth.writer import write_model
 

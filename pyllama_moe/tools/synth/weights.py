@@ -19,10 +19,9 @@ from pyllama_moe.tools.synth.shapes import (
     EXPERT_RMS,
     GGML_TYPES,
     ROUTER_STD,
-    Plan,
     Shape,
-    TensorPlan,
 )
+from pyllama_moe.tools.synth.tensors import Plan, TensorPlan
 
 SKEW_BOOST = 3.0
 SHARED_FRACTION = 0.5

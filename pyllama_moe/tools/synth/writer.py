@@ -31,10 +31,8 @@ from pyllama_moe.tools.synth.shapes import (
     MOE_LAYOUT,
     QWEN3NEXT_CONV_KERNEL,
     QWEN3NEXT_FULL_ATTENTION_INTERVAL,
-    Plan,
-    _pad,
-    plan,
 )
+from pyllama_moe.tools.synth.tensors import Plan, _pad, plan
 from pyllama_moe.tools.synth.vocab import _load_vocab, _Vocab, default_vocab_path
 from pyllama_moe.tools.synth.weights import (
     SHARED_FRACTION,
