@@ -12,8 +12,8 @@
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
 #   ci/gpu.sh bench [bench args]   make the 30b-a3b synthetic model (and a dense one) in /tmp if absent, run the
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
-#   ci/gpu.sh bench-predict [args] the bench with LLAMA_MOE_CACHE_PREDICT unset, =2 and =8: caches of 10 / 25 / 50 /
-#                                  80% of the experts, decode figures with the misses predicted
+#   ci/gpu.sh bench-predict [args] the bench with the prediction off (LLAMA_MOE_CACHE_PREDICT=0), at its default (2)
+#                                  and at 8: caches of 10 / 25 / 50 / 80% of the experts, the misses predicted
 # The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), dispersed, uniform or
 # collapsed;
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
@@ -142,8 +142,8 @@ bench() {  # the bench writes the models itself where they are absent
     echo "gpu.sh: bench took $(( $(date +%s) - start )) s; table in $out/bench.md"
 }
 
-bench_predict() {  # the bench with the prediction of the next MoE layer's experts unset (off), at most 2 and 8 copies
-    bench --setups cache-10,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=2 \
+bench_predict() {  # the bench with the prediction of the next MoE layer's experts at its default (2), off and at 8
+    bench --setups cache-10,cache-25,cache-50,cache-80 --switch LLAMA_MOE_CACHE_PREDICT=0 \
         --switch LLAMA_MOE_CACHE_PREDICT=8 --pp 512 --ub 512 --tg 128 --no-native "$@"
 }
 

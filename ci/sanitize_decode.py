@@ -34,7 +34,7 @@ def main() -> int:
           and stats["seed"]["ubatches"] > 0 and stats["seed"]["check_failed"] == 0)
     # the prediction ran where the device lookups found experts in the cache: its copies were made (gpt-oss's 1 MiB
     # cache here hits nothing: no slot is ever free for a prediction beside the lookup's)
-    if os.environ.get("LLAMA_MOE_CACHE_PREDICT", "0") != "0" and stats is not None and stats["device"]["hits"] > 0:
+    if os.environ.get("LLAMA_MOE_CACHE_PREDICT", "2") != "0" and stats is not None and stats["device"]["hits"] > 0:
         ok = ok and stats["predicted"]["experts"] > 0
     return 0 if ok else 1
 

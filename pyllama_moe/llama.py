@@ -127,6 +127,7 @@ class Llama:
         verbose: bool = True,
         # MoE and placement (pyllama-moe)
         moe_cache_mib: int | str = 0,
+        moe_cache_predict: int | None = None,
         cpu_moe: bool = False,
         n_cpu_moe: int = 0,
         override_tensor: str | Mapping[str, str] | None = None,
@@ -141,6 +142,8 @@ class Llama:
         MoE and placement keywords (llama.cpp's options of the same meaning):
             moe_cache_mib: device cache in MiB for the experts kept in host memory (0 off; ``"auto"``:
                 what the GPUs have left, measured); ignored with a warning without a GPU.
+            moe_cache_predict: after each device lookup of a decode step, copy at most this many of the experts
+                that the next MoE layer is predicted to select (None: the library's default, 2; 0: off).
             cpu_moe: keep every layer's experts in host memory (``--cpu-moe``).
             n_cpu_moe: keep the experts of the first N layers in host memory (``--n-cpu-moe N``).
             override_tensor: ``"pattern=BUFT,..."`` or ``{pattern: BUFT}`` (``-ot``), e.g. ``{"exps": "CPU"}``.
@@ -201,6 +204,7 @@ class Llama:
             yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
             yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
             op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
+            moe_cache_predict=moe_cache_predict,
         )
         self._placed = moe.place(self.model_path, self.model_params, self.context_params,
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,

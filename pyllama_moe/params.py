@@ -302,6 +302,7 @@ class ContextParams:
         type_k: int | str | None = None,
         type_v: int | str | None = None,
         moe_cache_size: int = 0,
+        moe_cache_predict: int | None = None,
     ) -> None:
         p = self.ptr = ffi.new("struct llama_context_params *", lib.llama_context_default_params())
         p.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
@@ -343,6 +344,8 @@ class ContextParams:
         if type_v is not None:
             p.type_v = ggml_type("type_v", type_v)
         p.moe_cache_size = check_int("moe_cache_size", moe_cache_size, 0)
+        if moe_cache_predict is not None:  # None: the library's default
+            p.moe_cache_predict = check_int("moe_cache_predict", moe_cache_predict, 0, 2**31 - 1)
 
     def set_moe_cache_size(self, nbytes: int) -> None:
         self.ptr.moe_cache_size = check_int("moe_cache_size", nbytes, 0)

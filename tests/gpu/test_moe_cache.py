@@ -68,7 +68,7 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer): after the lookup of layer l, the experts
+    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; the default is 2): after the lookup of layer l, the experts
     # that the next MoE layer's router picks on layer l's input are scored and copied on a stream of their own, and
     # that layer's lookup finds them.
     # Only what the slots hold changes: 128 greedy tokens and their logits are those without the prediction, byte for
@@ -90,6 +90,56 @@ def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, 
     assert on.bytes_predicted == on.n_predicted * (off.bytes_device // max(off.misses_device, 1))
     if cache_bytes < (1 << 20):  # evicting: layers 1..3 are predicted at every step, and the predictions are used
         assert on.n_predicted > 0 and on.n_predicted_used > 0, on
+
+
+def chunked(m: object, tokens: list[int], sizes: list[int], cache_bytes: int) -> tuple[np.ndarray, MoeCacheStats]:
+    """The last logits of each chunk of ``tokens`` decoded ``sizes`` tokens at a time (cycled), and the cache's counts."""
+    from pyllama_moe.errors import check_decode, check_ptr, ContextError
+    from pyllama_moe.ffi import ffi
+
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = cparams.n_batch = 1024
+    cparams.moe_cache_size = cache_bytes
+    ctx = check_ptr(lib.llama_init_from_model(m, cparams), ContextError, "cannot create the context")
+    try:
+        n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(m))
+        rows, i, k = [], 0, 0
+        while i < len(tokens):
+            n = min(sizes[k % len(sizes)], len(tokens) - i)
+            buf = ffi.new("llama_token[]", tokens[i:i + n])
+            check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(buf, n)))
+            rows.append(np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, -1), n_vocab * 4), np.float32).copy())
+            i, k = i + n, k + 1
+        st = MoeCacheStats.read(ctx)
+        assert st is not None
+        return np.stack(rows), st
+    finally:
+        lib.llama_free(ctx)
+
+
+@pytest.mark.parametrize("cache_bytes", [32 << 10, 256 << 10])
+def test_prediction_identical_in_ubatches_of_9_to_32(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int
+                                                      ) -> None:
+    # ubatches of 9 to 32 tokens are looked up on the device and predicted too; their matmuls over the cached
+    # experts (MMQ, stream-k) see other slot indices with the prediction on: the logits must not change
+    from pyllama_moe.ffi import ffi
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "1")
+    rows: dict[str, np.ndarray] = {}
+    stats: dict[str, MoeCacheStats] = {}
+    with model(moe, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
+        text = (LONG * 3).encode()
+        buf = ffi.new("llama_token[]", 1024)
+        n = lib.llama_tokenize(lib.llama_model_get_vocab(m), text, len(text), buf, 1024, True, False)
+        tokens = list(buf[0:n])
+        assert n > 300
+        for predict in ("0", "2"):
+            monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
+            rows[predict], stats[predict] = chunked(m, tokens, [9, 16, 32, 17, 31], cache_bytes)
+    assert rows["2"].tobytes() == rows["0"].tobytes()
+    off, on = stats["0"], stats["2"]
+    assert off.hits_small + off.misses_small + off.hits_large + off.misses_large == 0  # all on the device
+    assert on.n_predicted > 0 and off.n_predicted == 0, on
 
 
 # a child process: ggml-cuda reads GGML_CUDA_PDL once per process

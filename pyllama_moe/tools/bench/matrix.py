@@ -103,7 +103,6 @@ def setup_named(name: str) -> Setup | None:
 
 
 # every kill switch of the patch series: all of them at 0 is upstream's behaviour (--upstream)
-# LLAMA_MOE_CACHE_PREDICT is off by default: at 0 it is upstream's as well
 KILL_SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREFETCH",
                  "LLAMA_MOE_CACHE_SEED", "LLAMA_MOE_CACHE_PREDICT")
 UPSTREAM = "upstream"
