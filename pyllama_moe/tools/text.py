@@ -1,7 +1,8 @@
 """The text the tools run models on: documentation and source code of Python's standard library, which every machine
 with Python has (the routing report's and the bench's default text, and moefy's calibration text, from other modules).
 
-Public API: :func:`stdlib_text`, :data:`STDLIB_MODULES`, :data:`CALIBRATION_MODULES`.
+Public API: :func:`stdlib_text`, :func:`prose_text`, :data:`STDLIB_MODULES`, :data:`CALIBRATION_MODULES`,
+:data:`PROSE_TOPICS`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ CALIBRATION_MODULES = ("os", "io", "math", "cmath", "operator", "copy", "pickle"
                        "gettext", "configparser", "shlex", "html", "xml.dom.minidom", "ipaddress", "uuid", "secrets",
                        "time", "sched", "queue", "asyncio", "contextlib", "abc", "weakref", "inspect", "ast", "dis",
                        "pprint", "reprlib", "graphlib", "array", "mailbox", "mimetypes", "smtplib", "ftplib", "wave")
+
+# topics of the language reference whose text is mostly prose (pydoc_data.topics, what ``help("TOPIC")`` prints)
+PROSE_TOPICS = ("objects", "execmodel", "exceptions", "naming", "import")
 
 
 def stdlib_text(n_chars: int = 60_000, source_share: float = 0.3, modules: Sequence[str] = STDLIB_MODULES) -> str:
@@ -47,3 +51,18 @@ def stdlib_text(n_chars: int = 60_000, source_share: float = 0.3, modules: Seque
             pass
     n_code = int(n_chars * source_share)
     return ("\n\n".join(docs)[: n_chars - n_code] + "\n\n" + "\n\n".join(code)[:n_code]).strip()
+
+
+def prose_text(n_chars: int = 4000, topics: Sequence[str] = PROSE_TOPICS) -> str:
+    """Prose of the Python language reference (``pydoc_data.topics``): the paragraphs of ``topics`` that are running
+    text, each on one line (no headings, lists, grammar or examples), about ``n_chars`` characters. Text that rarely
+    repeats itself word for word: what prompt-lookup decoding finds little to copy from."""
+    from pydoc_data.topics import topics as reference  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    paragraphs = []
+    for name in topics:
+        for para in re.split(r"\n\s*\n", reference[name]):
+            if para.startswith((" ", "*", "-")) or re.search(r"^[=*-]{3,}", para, re.M) or "\n" not in para:
+                continue  # an example, a list item, a heading or a one-line label
+            paragraphs.append(" ".join(ln.strip() for ln in para.splitlines()))
+    return "\n\n".join(paragraphs)[:n_chars].strip()

@@ -117,11 +117,12 @@ def test_the_generation_layer_imports_no_ffi(module: str) -> None:
     assert not {"pyllama_moe.ffi", "pyllama_moe._cffi", "pyllama_moe.llama_cpp"} & GRAPH[module]
 
 
-def test_the_bench_worker_uses_the_public_api() -> None:
+@pytest.mark.parametrize("module", ["pyllama_moe.tools.bench.worker", "pyllama_moe.tools.bench.draft"])
+def test_the_bench_worker_uses_the_public_api(module: str) -> None:
     # the Python-API runs of the bench: pyllama_moe's public names and the llama.h module, no private attribute
-    path = MODULES["pyllama_moe.tools.bench.worker"]
+    path = MODULES[module]
     allowed = {"pyllama_moe", "pyllama_moe.llama_cpp"}
-    assert {d for d in GRAPH["pyllama_moe.tools.bench.worker"] if not d.startswith(TOOLS)} <= allowed
+    assert {d for d in GRAPH[module] if not d.startswith(TOOLS)} <= allowed
     private = sorted({n.attr for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                       if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")})
     assert private == []

@@ -157,23 +157,32 @@ def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.Capt
     assert rows[0]["cache"]["first"]["s_with_prompt"] > 0
 
 
-def test_generation_with_a_draft(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # --draft: greedy generation after a prompt that quotes code, without a draft and with prompt lookup: two columns
-    # of their own; tokens per decode is 1 without the draft and at least 1 with it
-    text, data = run_cpu_moe(tiny, tmp_path, capsys, "64", "--draft", "4", "--no-native")
+def test_generation_with_drafts(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --draft: greedy generation after a prompt that quotes code and after prose, without a draft and with prompt
+    # lookup at each size (with --draft-bounds also the drafts all accepted and all rejected): a table of their own,
+    # a row each; the accepted draft tokens are the tokens generated less the decodes. (One size, as each costs six
+    # generations per switch setting; test_bench_draft.py has the comma list's)
+    text, data = run_cpu_moe(tiny, tmp_path, capsys, "64", "--draft", "2", "--draft-bounds", "--no-native")
     header = next(ln for ln in text.splitlines() if ln.startswith("| setup"))
-    cols = [c.strip() for c in header.split("|")[1:-1]]
-    assert "gen4" in cols and "gen4 draft 4" in cols
+    assert "gen" not in header  # the measurements' table leaves them to the draft table
     gen = [r for r in data["rows"] if r["label"]]
-    assert sorted(r["label"] for r in gen) == ["gen4", "gen4", "gen4 draft 4", "gen4 draft 4"]  # under two switches
+    labels = ["gen4 code", "gen4 text"] + [f"gen4 {p} draft 2 {by}" for p in ("code", "text")
+                                           for by in ("lookup", "replay", "wrong")]
+    assert sorted(r["label"] for r in gen) == sorted(labels * 2)  # under two switches
     for r in gen:
+        g = r["cache"]["generate"]
         assert r["n_gen"] == 4 and r["tokens_per_s"] > 0 and r["n_prompt"] > 256
-        per_decode = r["cache"]["generate"]["tokens_per_decode"]
-        assert per_decode == 1.0 if r["label"] == "gen4" else 1.0 <= per_decode <= 4.0
-    # the same text under both switch settings (a hash per column, compared like the others)
-    assert len({r["digest"] for r in gen if r["label"] == "gen4"}) == 1
-    row = next(ln for ln in text.splitlines() if "| python |" in ln)
-    assert "tokens/decode)" in row.split("|")[1 + cols.index("gen4 draft 4")]
+        assert g["accepted"] == r["n_gen"] - g["decodes"] and g["tokens_per_decode"] == r["n_gen"] / g["decodes"]
+        if r["label"].endswith("wrong"):
+            assert g["accepted"] == 0 and g["proposed"] > 0
+        if r["label"].endswith("replay") and g["same_text"]:
+            assert g["accepted"] == g["proposed"] > 0
+        assert "misses" not in g  # no MoE cache on the CPU
+    # the same text under both switch settings (a hash per label, compared like the others)
+    assert all(len({r["digest"] for r in gen if r["label"] == label}) == 1 for label in labels)
+    lines = text.split("generation with a draft")[1].splitlines()
+    rows = [ln for ln in lines if ln.startswith("| cpu_moe-none")]
+    assert len(rows) == len(labels) * 2 and all(ln.split("|")[-2].strip() in ("yes", "NO") for ln in rows)
 
 
 def test_warmup_changes_no_result(tiny: Path) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyllama_moe.moe import MoeCacheStats
 from pyllama_moe.tools.bench.matrix import Setup, cache_mib, fit_kwargs
 from pyllama_moe.tools.bench.native import Runner, parse_cache_stats, parse_jsonl, run_tool
-from pyllama_moe.tools.bench.report import Row
+from pyllama_moe.tools.bench.report import Row, generate_label
 
 PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging (?P<mib>[\d.]+) MiB, "
                            r"(?P<n>\d+) of (?P<of>\d+) splits")
@@ -20,7 +21,7 @@ PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
                 run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False,
-                warmup: int = -1, batch: int = 0, draft: int = 0) -> list[Row]:
+                warmup: int = -1, batch: int = 0, draft: Sequence[int] = (), draft_bounds: bool = False) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
@@ -30,13 +31,16 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing.
     ``batch``: the prompt is evaluated in batches of that many tokens, only the last one with an output, as
     llama-server does with its ``-b`` (0: one batch). ``draft``: ``tg`` greedy tokens are also generated after a
-    prompt quoting source code to edit, without a draft and with prompt lookup proposing up to ``draft`` tokens (two
-    rows of their own: tokens/s, and tokens per decode)."""
+    prompt quoting source code to edit and after one of prose, without a draft and with prompt lookup proposing up to
+    each of these sizes (:mod:`.draft`; a row each, labelled as :func:`.report.generate_label` says, whose
+    ``cache["generate"]`` holds tokens per decode, acceptance and the MoE cache's misses); with ``draft_bounds``, also
+    with the drafts whose proposals are all accepted and all rejected."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
     spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
-            "trace": trace, "warmup": warmup, "batch": batch, "draft": draft, "kwargs": kwargs}
+            "trace": trace, "warmup": warmup, "batch": batch, "draft": list(draft), "draft_bounds": draft_bounds,
+            "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.tools.bench.worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
@@ -58,10 +62,11 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
                 digest=res["pp_digest"] if same else "", trace=res.get("pp_trace", {})),
             Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"],
                 cache={**stats, "tg": res["tg"]} if res.get("tg") else stats, digest=res["tg_digest"] if same else "")]
-    for g in res.get("generate", []):  # --draft: generation after the code prompt, without and with the draft
-        label = f"gen{g['n']} draft {g['draft']}" if g["draft"] else f"gen{g['n']}"
-        rows.append(Row(setup.name, switches, "python", g["n_prompt"], n_ubatch, g["n"], g["ts"], label=label,
-                        cache={"generate": {"tokens_per_decode": g["tokens_per_decode"]}},
+    for g in res.get("generate", []):  # --draft: generation after each prompt, without and with each draft size
+        rows.append(Row(setup.name, switches, "python", g["n_prompt"], n_ubatch, g["n"], g["ts"],
+                        label=generate_label(g["n"], g["prompt"], g["draft"], g["drafted_by"]),
+                        cache={"generate": {k: v for k, v in g.items()
+                                            if k not in ("prompt", "drafted_by", "digest", "n", "n_prompt", "ts")}},
                         digest=g["digest"] if same else ""))
     if "first" in res:
         f = res["first"]

@@ -43,7 +43,7 @@ from pyllama_moe.tools.bench.matrix import (
 from pyllama_moe.tools.bench.models import routing_regime, write_model
 from pyllama_moe.tools.bench.native import h2d_bandwidth, measure, tool_path
 from pyllama_moe.tools.bench.overhead import overhead, overhead_table
-from pyllama_moe.tools.bench.report import Row, mismatches, switch_label, table, upstream_differences
+from pyllama_moe.tools.bench.report import Row, draft_table, mismatches, switch_label, table, upstream_differences
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,10 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", action="store_true",
                     help="Python API: record what the GPU did in the timed prompt and the --first tokens (PyTorch's "
                          "profiler: kernels and copies per stream, copy time under compute) and print a summary")
-    ap.add_argument("--draft", type=int, default=0, metavar="N",
-                    help="Python API: also generate --tg greedy tokens after a prompt that quotes source code to edit, "
-                         "without a draft and with prompt-lookup speculative decoding proposing up to N tokens "
-                         "(LlamaPromptLookupDecoding): tokens/s and tokens per decode")
+    ap.add_argument("--draft", default="", metavar="N[,N...]",
+                    help="Python API: also generate --tg greedy tokens after a prompt that quotes source code to edit "
+                         "and after one of prose, without a draft and with prompt-lookup speculative decoding "
+                         "(LlamaPromptLookupDecoding) proposing up to each N tokens: tokens/s, tokens per decode, the "
+                         "share of draft tokens accepted and the MoE cache's misses per decode and per token, in a "
+                         "table of their own")
+    ap.add_argument("--draft-bounds", action="store_true",
+                    help="with --draft: each draft size also with a draft replaying the text generated without one "
+                         "(every proposal accepted) and one proposing other tokens (every one rejected): what drafts "
+                         "of that size cost and gain at best and at worst, on any model (a random-weight one copies "
+                         "nothing of its prompt, so prompt lookup proposes almost nothing there)")
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="Python API: evaluate the prompt in batches of N tokens, only the last one with an output, as "
                          "llama-server's -b (default: the whole prompt in one batch)")
@@ -114,6 +121,22 @@ class Params:
     settings: list[dict[str, str]]
     pp: list[int]
     ub: list[int]
+    drafts: list[int] = dataclasses.field(default_factory=list)
+
+
+def draft_sizes(text: str) -> list[int]:
+    """--draft's comma list: the draft sizes, each a positive integer, in the order given, once each; ValueError
+    otherwise."""
+    sizes: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"--draft takes positive integers separated by commas, got {part!r}")
+        if int(part) not in sizes:
+            sizes.append(int(part))
+    return sizes
 
 
 def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
@@ -132,6 +155,14 @@ def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
         ap.error("the dense-* setups need --dense MODEL")
     if args.trace and (args.no_api or importlib.util.find_spec("torch") is None):
         ap.error("--trace traces the Python API runs through PyTorch's profiler: it needs PyTorch, and not --no-api")
+    try:
+        drafts = draft_sizes(args.draft)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.draft_bounds and not drafts:
+        ap.error("--draft-bounds goes with --draft")
+    if drafts and args.no_api:
+        ap.error("--draft generates through the Python API: not with --no-api")
     settings: list[dict[str, str]] = [{}]
     settings += [dict([sw.split("=", 1) if "=" in sw else (sw, "0")]) for sw in args.switch]
     if args.upstream:
@@ -146,7 +177,7 @@ def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
                 ap.error(f"--pristine: {e}")
         settings.append(PRISTINE)
     return Params(args, names, settings, [int(x) for x in args.pp.split(",")],
-                  sorted(int(x) for x in args.ub.split(",")))
+                  sorted(int(x) for x in args.ub.split(",")), drafts)
 
 
 @dataclasses.dataclass
@@ -202,7 +233,8 @@ def _run(p: Params) -> Result:
                     for u in (api_ub if args.api_every_ub else api_ub[-1:]):
                         res.rows += api_measure(model, setup, sw, max(p.pp), u, args.tg, warm=args.warm,
                                                 first=args.first, trace=args.trace, warmup=args.warmup,
-                                                batch=args.batch, draft=args.draft)
+                                                batch=args.batch, draft=p.drafts,
+                                                draft_bounds=args.draft_bounds)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 res.failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {res.failed[-1]}", file=sys.stderr, flush=True)
@@ -217,6 +249,10 @@ def _report(res: Result) -> list[str]:
     rows = res.rows
     print(f"{res.model.name}: {res.regime} routing; prompts and decoded tokens are real text (bench_text)\n")
     print(table(rows))
+    drafts = draft_table(rows)
+    if drafts:
+        print("\ngeneration with a draft (--draft; tokens/decode: llama_decode calls, misses: the MoE cache's):\n")
+        print(drafts)
     placed = {r.setup: r.cache["placement"] for r in rows if r.setup.startswith("fit-") and "placement" in r.cache}
     for name, pl in placed.items():  # where the fit put the weights
         print(f"\n{name}: " + ", ".join(f"{k}={v}" for k, v in pl.items()))

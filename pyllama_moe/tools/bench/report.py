@@ -1,5 +1,5 @@
 """The bench's results: one :class:`Row` per measurement, the checks across switch settings (hashes that must not
-differ, decisions that must equal upstream's) and the markdown table."""
+differ, decisions that must equal upstream's) and the markdown tables (the measurements; --draft's generation)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Row:
     stddev: float = 0.0
     cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     digest: str = ""  # Python runs: hash of the prompt's last logits (pp) or of the greedy tokens (tg)
-    label: str = ""  # the column, where it is not named by the token counts (--draft's generation)
+    label: str = ""  # the column, where it is not named by the token counts (--draft's generation: generate_label)
     trace: dict[str, Any] = dataclasses.field(default_factory=dict)  # --trace: gpu_trace.TraceSummary of the timed part
 
 
@@ -78,9 +78,22 @@ def column(r: Row) -> str:
     return f"pp{r.n_prompt} ub{r.n_ubatch}" if r.n_prompt else f"tg{r.n_gen}"
 
 
+def generate_label(n: int, prompt: str, draft: int = 0, drafted_by: str = "lookup") -> str:
+    """The label of a --draft generation row: ``gen<n> <prompt>``, with a draft ``draft <size> <drafted by>``
+    appended (``lookup``, ``replay`` or ``wrong``: :data:`.draft.DRAFTERS`); :func:`generate_parts` reads it."""
+    return f"gen{n} {prompt}" + (f" draft {draft} {drafted_by}" if draft else "")
+
+
+def generate_parts(label: str) -> tuple[str, int, str]:
+    """The prompt, draft size (0: none) and drafter of a :func:`generate_label`."""
+    parts = label.split()
+    return parts[1], int(parts[3]) if len(parts) > 3 else 0, parts[4] if len(parts) > 4 else "-"
+
+
 def table(rows: Iterable[Row]) -> str:
-    """One line per setup and switch setting, one column per measurement, cache statistics last."""
-    rows = list(rows)
+    """One line per setup and switch setting, one column per measurement, cache statistics last (--draft's
+    generation rows have a table of their own: :func:`draft_table`)."""
+    rows = [r for r in rows if "generate" not in r.cache]
     cols: list[str] = []
     for r in rows:
         if column(r) not in cols:
@@ -91,9 +104,6 @@ def table(rows: Iterable[Row]) -> str:
         sw = switch_label(r.switches)
         cell = lines.setdefault((r.setup, sw, "python" if r.tool == "python" else "native"), {})
         cell[column(r)] = f"{r.tokens_per_s:.1f}" + (f" ± {r.stddev:.1f}" if r.stddev else "")
-        gen = r.cache.get("generate")
-        if gen and "draft" in r.label:  # tokens per decode: what the draft saved
-            cell[column(r)] += f" ({gen['tokens_per_decode']:.2f} tokens/decode)"
         small = r.cache.get("device lookups") or r.cache.get("ubatch <= 8")  # decode: looked up on the GPU or the host
         if small:
             cell["cache"] = f"{small['hit_rate']:.1f}% hits, {small['uploaded_mib']:.0f} MiB up"
@@ -128,3 +138,39 @@ def table(rows: Iterable[Row]) -> str:
                                       cell.get("prefetch", "-"), cell.get("prompt", "-"), *extra]) + " |")
     return "\n".join(out)
 
+
+DRAFT_HEAD = ("setup", "switches", "prompt", "draft", "drafted by", "tokens/s", "vs no draft", "tokens/decode",
+              "accepted", "misses/decode", "misses/token", "host lookups", "same text")
+
+
+def draft_table(rows: Iterable[Row]) -> str:
+    """--draft's generation: one line per setup, switch setting, prompt and draft size (0: none); empty without such
+    rows. Accepted: the share of the proposed draft tokens that the greedy verification kept, and how many were
+    proposed; misses: the MoE cache's, of all lookups; host lookups: the experts looked up on the host (a verification
+    ubatch past the device lookup's size); same text: the text of the run without a draft. Drafted by: prompt lookup,
+    or (--draft-bounds) a replay of the text generated without a draft (all accepted) or other tokens (all rejected)."""
+    gen = [r for r in rows if "generate" in r.cache]
+    if not gen:
+        return ""
+    plain = {(r.setup, switch_label(r.switches), generate_parts(r.label)[0]): r.tokens_per_s
+             for r in gen if not generate_parts(r.label)[1]}
+
+    def num(g: dict[str, float], key: str, fmt: str) -> str:
+        return format(g[key], fmt) if key in g else "-"
+
+    out = ["| " + " | ".join(DRAFT_HEAD) + " |", "|" + "---|" * len(DRAFT_HEAD)]
+    for r in gen:
+        g, sw = r.cache["generate"], switch_label(r.switches)
+        prompt, draft, drafted_by = generate_parts(r.label)
+        base = plain.get((r.setup, sw, prompt))
+        vs = f"{r.tokens_per_s / base:.2f}x" if draft and base else "-"
+        accepted = "-"
+        if draft and g["proposed"]:
+            accepted = f"{100 * g['accepted'] / g['proposed']:.0f}% of {g['proposed']:.0f}"
+        elif draft:
+            accepted = "none proposed"
+        out.append("| " + " | ".join([r.setup, sw, prompt, str(draft), drafted_by, f"{r.tokens_per_s:.1f}", vs,
+                                      f"{g['tokens_per_decode']:.2f}", accepted, num(g, "misses_per_decode", ".1f"),
+                                      num(g, "misses_per_token", ".1f"), num(g, "host_lookups", ".0f"),
+                                      "yes" if g["same_text"] else "NO"]) + " |")
+    return "\n".join(out)

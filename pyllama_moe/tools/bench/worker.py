@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyllama_moe.tools.bench.api import decode_hits, prompt_copies, prompt_seeds
+from pyllama_moe.tools.bench.draft import PROMPT_TOKENS, generate_with_drafts
 from pyllama_moe.tools.bench.gpu_trace import Tracer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,8 +46,9 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
     # verbose: the native log (cache statistics, prefetch staging) goes to stderr, which api_measure reads
     n_first = spec.get("first", 0)
     n_ctx = max(n_prompt + max(tg, n_first), spec.get("warm", 0) + 1) + 16
-    if spec.get("draft"):  # generate_with_draft's prompt (at most 320 tokens), its tokens and a last proposal
-        n_ctx = max(n_ctx, 320 + tg + spec["draft"] + 16)
+    drafts = spec.get("draft") or []
+    if drafts:  # generate_with_drafts' prompts (at most PROMPT_TOKENS), their tokens and a last proposal
+        n_ctx = max(n_ctx, PROMPT_TOKENS + tg + max(drafts) + 16)
     n_batch = spec.get("batch") or n_prompt
     with Llama(spec["model"], n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch), flash_attn=True,
                verbose=True, **spec["kwargs"]) as llm:
@@ -104,8 +106,8 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         out = {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": tg, "tg_ts": tg / t_tg,
                "tg_digest": tg_digest, "placement": llm.placement, "pp_trace": traced.as_dict(),
                "tg": decode_hits(before, llm.moe_cache_stats())}
-        if spec.get("draft"):
-            out["generate"] = generate_with_draft(llm, code, tg, spec["draft"])
+        if drafts:
+            out["generate"] = generate_with_drafts(llm, code, tg, drafts, bounds=spec.get("draft_bounds", False))
         if first:
             out["first"] = first
         if copies:
@@ -113,44 +115,6 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if seeds:
             out["prompt_seeds"] = seeds
         return out
-
-
-def generate_with_draft(llm: Llama, code: list[int], n: int, draft: int) -> list[dict[str, Any]]:
-    """``n`` greedy tokens after a prompt that quotes source code and starts it again (text that repeats its prompt,
-    what prompt-lookup decoding is for), without a draft and with prompt lookup proposing up to ``draft`` tokens:
-    tokens/s (the prompt evaluated before the timing), tokens per decode (per call of the draft) and a hash of the
-    text."""
-    import hashlib
-
-    from pyllama_moe import LlamaDraftModel, LlamaPromptLookupDecoding
-
-    class Counted(LlamaDraftModel):
-        def __init__(self, inner: LlamaDraftModel) -> None:
-            self.inner, self.calls = inner, 0
-
-        def __call__(self, input_ids: npt.NDArray[np.intc], /, **kwargs: Any) -> npt.NDArray[np.intc]:
-            self.calls += 1
-            return self.inner(input_ids, **kwargs)
-
-    quoted = code[:256]
-    again = llm.tokenize(b"\n\n# The same code again, unchanged:\n\n", add_bos=False)[:40]
-    prompt = [llm.token_bos(), *quoted, *again, *quoted[:16]]  # at most 320 tokens
-    out = []
-    for d in (0, draft):
-        counted = Counted(LlamaPromptLookupDecoding(num_pred_tokens=d)) if d else None
-        llm.reset()
-        llm.draft_model = counted
-        llm.eval(prompt)  # the completion goes on from it
-        t0 = time.perf_counter()
-        res = llm.create_completion(prompt, max_tokens=n, temperature=0)
-        t = time.perf_counter() - t0
-        n_gen = int(res["usage"]["completion_tokens"])
-        decodes = counted.calls if counted else n_gen
-        out.append({"n": n_gen, "n_prompt": len(prompt), "draft": d, "ts": n_gen / t,
-                    "tokens_per_decode": n_gen / max(decodes, 1),
-                    "digest": hashlib.sha256(res["choices"][0]["text"].encode()).hexdigest()[:16]})
-    llm.draft_model = None
-    return out
 
 
 def last_logits(llm: Llama) -> npt.NDArray[np.float32]:
