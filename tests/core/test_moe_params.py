@@ -110,6 +110,8 @@ def test_use_mmap_false_is_load_mode_none(caplog: pytest.LogCaptureFixture, path
     ({"moe_cache_mib": -5}, "moe_cache_mib must be in"),
     ({"moe_cache_mib": 1.5}, "moe_cache_mib must be an integer"),
     ({"fit": "yes"}, "fit must be True or False"),
+    ({"moe_cache_predict": -1}, "moe_cache_predict must be in"),
+    ({"moe_cache_predict": "2"}, "moe_cache_predict must be an integer"),
 ])
 def test_bad_moe_values(path: Path, kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -259,3 +261,10 @@ def test_placement_is_reported(caplog: pytest.LogCaptureFixture, path: Path) -> 
     # the fit's choices: all layers where it put them, the context it chose
     assert p["n_ctx"] >= 256 and 0 <= p["n_gpu_layers"] <= p["n_layer"] + 1
     assert any(r.getMessage().startswith("placement: n_gpu_layers=") for r in caplog.records)
+
+
+@pytest.mark.parametrize("predict, want", [(None, 2), (0, 0), (5, 5)])
+def test_moe_cache_predict_reaches_the_context_params(path: Path, predict: int | None, want: int) -> None:
+    # None leaves the library's default (2 copies per layer and ubatch), a number is passed as given
+    with Llama(str(path), n_ctx=64, moe_cache_predict=predict, verbose=False) as llm:
+        assert llm.context_params.ptr.moe_cache_predict == want
