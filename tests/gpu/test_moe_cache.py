@@ -68,7 +68,8 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; the default is 2): after the lookup of layer l, the experts
+    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; 2 by default): after the lookup of
+    # layer l, the experts
     # that the next MoE layer's router picks on layer l's input are scored and copied on a stream of their own, and
     # that layer's lookup finds them.
     # Only what the slots hold changes: 128 greedy tokens and their logits are those without the prediction, byte for
@@ -93,8 +94,9 @@ def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, 
 
 
 def chunked(m: object, tokens: list[int], sizes: list[int], cache_bytes: int) -> tuple[np.ndarray, MoeCacheStats]:
-    """The last logits of each chunk of ``tokens`` decoded ``sizes`` tokens at a time (cycled), and the cache's counts."""
-    from pyllama_moe.errors import check_decode, check_ptr, ContextError
+    """The last logits of each chunk of ``tokens`` decoded ``sizes`` tokens at a time (cycled), and the cache's
+    counts."""
+    from pyllama_moe.errors import ContextError, check_decode, check_ptr
     from pyllama_moe.ffi import ffi
 
     cparams = lib.llama_context_default_params()
