@@ -90,7 +90,7 @@ def test_concurrent_streams_are_complete_and_each_the_text_alone(server: Running
     jobs = [(p, openai_stream if i % 2 else raw_stream) for i, p in enumerate(PROMPTS)]
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(lambda job: job[1](job[0]), jobs))
-    for (p, _), (text, finish) in zip(jobs, got):
+    for (p, _), (text, finish) in zip(jobs, got, strict=True):
         assert text == alone[p], p
         assert finish in ("length", "stop")
     metrics = httpx.get(server.url + "/metrics").text
@@ -123,12 +123,12 @@ def test_concurrent_chat_stop_strings_and_logprobs(server: Running) -> None:
             chat_fut = pool.submit(lambda: server.client().chat.completions.create(**chat))
             together = [f.result()["choices"][0] for f in futs]
             assert chat_fut.result().choices[0].message.content == chat_alone
-        for a, b in zip(alone, together):
+        for a, b in zip(alone, together, strict=True):
             assert b["text"] == a["text"] and b["finish_reason"] == a["finish_reason"]
         # logprobs: the same tokens; their values as close as a batched matmul rounds
         la, lb = alone[1]["logprobs"], together[1]["logprobs"]
         assert la["tokens"] == lb["tokens"]
-        assert all(abs(x - y) < 1e-3 for x, y in zip(la["token_logprobs"], lb["token_logprobs"]))
+        assert all(abs(x - y) < 1e-3 for x, y in zip(la["token_logprobs"], lb["token_logprobs"], strict=True))
 
 
 def test_a_disconnected_client_frees_its_slot_at_the_next_step(server: Running) -> None:
