@@ -191,15 +191,15 @@ class Slots:
     def _step(self) -> None:
         session = self.session
         if session.moves != self._moves:  # the owner's own calls used the context: the slots' ranges are gone
-            if self._moves != -1:
-                self._fail_all(LlamaError("another call moved the context under the parallel slots"))
-            self.ctx.memory_clear()
             for s in self.slots:
+                if s.job is not None:
+                    self._finish(s, LlamaError("another call moved the context under the parallel slots"))
                 s.tokens = []
+            self.ctx.memory_clear()
         self._leave_cancelled()
         self._admit()
         rows = self._fill()
-        if rows:
+        if rows is not None:
             self.ctx.decode(self._batch)
             self.stats.steps += 1
             self._moe_step()
@@ -243,9 +243,10 @@ class Slots:
             if job.completion.req.max_tokens <= 0:
                 self._finish(slot, None)
 
-    def _fill(self) -> list[tuple[_Slot, int]]:
+    def _fill(self) -> list[tuple[_Slot, int]] | None:
         """The step's batch: the sampled token of each generating slot, then the prompts' chunks sharing what is
-        left of ``n_batch``. Returns the slots with an output and its row."""
+        left of ``n_batch``. Returns the slots with an output and its row (none for a step of prompt chunks that
+        all go on), None when there is nothing to decode."""
         gen = [s for s in self.slots if s.job is not None and not s.reading and s.pending]
         reading = [s for s in self.slots if s.job is not None and s.reading]
         tokens: list[int] = []
@@ -276,7 +277,7 @@ class Slots:
                 rows.append((s, len(tokens) - 1))
             parts.append((s, n))
         if not tokens:
-            return []
+            return None
         self._batch.set_entries(tokens, pos, seqs, outs)
         # the slots' evaluated tokens move on now: a failed decode fails every request of the step
         for s in gen:
