@@ -18,9 +18,9 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from test_server import Running  # noqa: E402
-
 from pyllama_moe.server import ModelSettings, ServerSettings, create_app  # noqa: E402
+
+from fixtures.server import Running  # noqa: E402
 
 # four slots of 256 tokens each
 PARALLEL = {"n_ctx": 1024, "n_batch": 64, "n_ubatch": 64, "verbose": False, "n_parallel": 4, "max_queue": 64}
