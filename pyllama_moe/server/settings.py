@@ -66,6 +66,15 @@ class ModelSettings(BaseSettings):
 
         return None if value is None else check_threads(info.field_name, value)
 
+    @field_validator("n_parallel")
+    @classmethod
+    def _parallel(cls, value: int, info: Any) -> int:
+        """Each step holds a token of every slot: at most ``n_batch`` slots (refused when the settings are read)."""
+        n_batch = info.data.get("n_batch")
+        if n_batch is not None and value > n_batch:
+            raise ValueError(f"n_parallel ({value}) must be at most n_batch ({n_batch})")
+        return value
+
     def llama_kwargs(self) -> dict[str, Any]:
         kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides", "n_parallel", "max_queue"})
         if self.n_parallel > 1:

@@ -234,3 +234,18 @@ def test_no_slot_leaks_over_500_requests(server: Running) -> None:
     assert all(s.job is None and s.sampler is None and not s.pending for s in slots.slots)
     assert slots.stats.requests - requests_before >= 400  # the dropped streams count when they end unread
     assert threading.active_count() <= threads_before + len(slots.slots) + 64  # no thread per request left
+
+
+def test_settings() -> None:
+    from pydantic import ValidationError
+
+    from pyllama_moe.server import parse_args
+
+    _, models = parse_args(["--model", "m.gguf", "--n_parallel", "8", "--max_queue", "3", "--n_ctx", "4096"])
+    assert models[0].n_parallel == 8 and models[0].max_queue == 3
+    kw = models[0].llama_kwargs()
+    assert kw["n_seq_max"] == 8 and "n_parallel" not in kw and "max_queue" not in kw
+    assert "n_seq_max" not in ModelSettings(model="m.gguf").llama_kwargs()  # n_parallel 1: the Llama of before
+    for bad in ({"n_parallel": 0}, {"n_parallel": 257}, {"max_queue": -1}, {"n_parallel": 65, "n_batch": 64}):
+        with pytest.raises(ValidationError):
+            ModelSettings(model="m.gguf", **bad)
