@@ -131,6 +131,7 @@ class Slots:
         self._closed = False
         self._moves = -1  # the session's count of moves after the last step: another call moved the context
         self._moe: MoeCacheStats | None = None
+        self._has_moe_cache = True
         self._thread = threading.Thread(target=self._loop, name="pyllama_moe-slots", daemon=True)
         self._thread.start()
 
@@ -214,8 +215,8 @@ class Slots:
             if s.job is not None and s.job.cancelled.is_set():
                 self._finish(s, None)
         with self._wake:
-            kept = [j for j in self._waiting if not j.cancelled.is_set()]
-            self._waiting = deque(kept)
+            if any(j.cancelled.is_set() for j in self._waiting):
+                self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
 
     def _admit(self) -> None:
         """Waiting requests into free slots, each to the one whose tokens share most of its prompt."""
@@ -354,8 +355,11 @@ class Slots:
 
     def _moe_step(self) -> None:
         """The MoE cache's hit rate of the step just decoded (nothing without a cache)."""
+        if not self._has_moe_cache:
+            return
         now = self.ctx.moe_cache_stats()
-        if now is None:
+        if now is None:  # no cache: not read again
+            self._has_moe_cache = False
             return
         if self._moe is not None:
             hits, misses = (now - self._moe).hits("small", "large", "device")
