@@ -1,4 +1,4 @@
-"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, rpc-server, fetch.
+"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, loadtest, rpc-server, fetch.
 
 ``info`` and ``rpc-server`` are the library's own; the others run the programs of :mod:`pyllama_moe.tools`.
 """
@@ -53,7 +53,8 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 # the tools with parsers of their own: ``python -m pyllama_moe <name> ...`` is ``<module>.main([...])``
-TOOLS = {"synth": "pyllama_moe.tools.synth", "bench": "pyllama_moe.tools.bench", "routing": "pyllama_moe.tools.routing"}
+TOOLS = {"synth": "pyllama_moe.tools.synth", "bench": "pyllama_moe.tools.bench", "routing": "pyllama_moe.tools.routing",
+         "loadtest": "pyllama_moe.tools.loadtest"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("synth", help="write a random-weight GGUF model (see `synth --help`)")
     sub.add_parser("bench", help="speed of each placement and kill switch, side by side (see `bench --help`)")
     sub.add_parser("routing", help="what a MoE's routers select on real text (see `routing --help`)")
+    sub.add_parser("loadtest", help="concurrent streaming clients against a server (see `loadtest --help`)")
     args = ap.parse_args(argv)
     return int(args.run(args))
 

@@ -62,6 +62,21 @@ class Batch:
         p.pos[0] = pos
         p.logits[0] = 1
 
+    def set_entries(self, tokens: Sequence[int], pos: Sequence[int], seq_id: Sequence[int],
+                    logits: Sequence[bool]) -> None:
+        """Tokens of several sequences, named as ``llama_batch``'s fields: token ``i`` at position ``pos[i]`` of
+        sequence ``seq_id[i]``, with an output where ``logits[i]`` (the parallel slots' step)."""
+        p = check_closed(self._p, "batch")
+        n = len(tokens)
+        if not 0 < n <= self.capacity:
+            raise ValueError(f"a batch holds 1..{self.capacity} tokens, got {n}")
+        self.token[:n] = tokens
+        self.pos[:n] = pos
+        self.logits[:n] = logits
+        for i, s in enumerate(seq_id):
+            p.seq_id[i][0] = s
+        p.n_tokens = n
+
     def close(self) -> None:
         p, self._p = self._p, None
         if p is not None:

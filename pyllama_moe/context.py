@@ -67,6 +67,10 @@ class Context:
     def n_ctx(self) -> int:
         return int(lib.llama_n_ctx(self.ptr))
 
+    def n_ctx_seq(self) -> int:
+        """The cells of one sequence: ``n_ctx`` split by ``n_seq_max`` (the KV cache is not unified)."""
+        return int(lib.llama_n_ctx_seq(self.ptr))
+
     def n_batch(self) -> int:
         return int(lib.llama_n_batch(self.ptr))
 

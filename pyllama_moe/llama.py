@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -37,6 +38,7 @@ from pyllama_moe.params import (
 )
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.session import Session, logits_to_logprobs
+from pyllama_moe.slots import Job, Slots
 from pyllama_moe.vocab import BaseLlamaTokenizer, LlamaTokenizer, token_array
 
 logger = logging.getLogger("pyllama_moe")
@@ -134,6 +136,7 @@ class Llama:
         load_mode: str | None = None,
         fit: bool = False,
         fit_target_mib: int | list[int] | None = None,
+        n_seq_max: int = 1,
         **kwargs: Any,
     ) -> None:
         """Load ``model_path`` and create its context; llama-cpp-python 0.3.36's keywords and meanings,
@@ -151,6 +154,9 @@ class Llama:
                 (``--load-mode``); ``use_mmap`` / ``use_mlock`` map onto it when it is not given.
             fit, fit_target_mib: fit the GPU layers, tensor split, overrides (and ``n_ctx=0``) to the
                 free device memory less ``fit_target_mib`` per device (``--fit``, ``--fit-target``).
+            n_seq_max: sequences of the context (``--parallel``): ``submit_completion`` and
+                ``create_completions`` run up to this many completions in one batch per step; each sequence gets
+                ``n_ctx / n_seq_max`` of the context, and so does every completion (``n_ctx()``).
 
         Raises ValueError naming a bad parameter (``ModelNotFoundError``, also a ValueError, for a
         missing file), ``ModelLoadError`` / ``ContextError`` with llama.cpp's reason otherwise.
@@ -204,7 +210,7 @@ class Llama:
             yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
             yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
             op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
-            moe_cache_predict=moe_cache_predict,
+            moe_cache_predict=moe_cache_predict, n_seq_max=n_seq_max,
         )
         self._placed = moe.place(self.model_path, self.model_params, self.context_params,
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
@@ -259,8 +265,10 @@ class Llama:
             self.close()
             raise
         self._vocab = self._model.vocab
+        cp = self.context_params.ptr
         self._session = Session(self._ctx, self._batch, self._vocab, self._logits_all, seed,
-                                model_id=self._model.fingerprint(), n_ctx=int(self.context_params.ptr.n_ctx))
+                                model_id=self._model.fingerprint(), n_ctx=int(cp.n_ctx) // int(cp.n_seq_max))
+        self._slots: Slots | None = None  # made by the first submit_completion
         self._n_vocab, self._n_ctx = self._vocab.n_tokens, self._session.n_ctx
         self._token_nl, self._token_eos = self._vocab.nl(), self._vocab.eos()
         # llama-cpp-python's attributes: a recurrent (or hybrid) model's memory cannot drop a suffix of its tokens
@@ -293,6 +301,9 @@ class Llama:
         # set before waiting: a stream re-takes the lock right after each step (a Lock is not fair), so it has to
         # see the flag at its next step and stop, or close() would wait for the whole stream
         self._closed = True
+        slots = getattr(self, "_slots", None)
+        if slots is not None:  # its worker takes the lock for each step: stopped before the lock is taken here
+            slots.close()
         lock = getattr(self, "_lock", None)
         with lock if lock is not None else contextlib.nullcontext():
             sampler = getattr(self, "_sampler", None)
@@ -303,6 +314,16 @@ class Llama:
             turn = getattr(self, "_turn", None)
             if turn is not None:
                 turn.notify_all()  # the calls waiting for a stream find the Llama closed
+
+    @contextlib.contextmanager
+    def _hold(self) -> Iterator[None]:
+        """One step of the parallel slots: the lock, this thread's turn, the Llama open, its verbosity."""
+        with self._lock:
+            self._wait_turn()
+            if self._closed:
+                raise ClosedError(f"this Llama ({self.model_path}) has been closed")
+            with backend.verbosity(self.verbose):
+                yield
 
     def _wait_turn(self) -> None:
         """Wait (holding the lock) while another thread's stream is in progress: between two steps of a stream the
@@ -611,16 +632,56 @@ class Llama:
         logit_bias: dict[int, float] | None = None,
     ) -> Any:
         """Generate text from a prompt: a ``text_completion`` dict, or an iterator of chunks with ``stream``."""
-        sampling = {k: v for k, v in locals().items() if k in _SAMPLING_KEYS}
-        req = make_request(self._session, prompt, suffix=suffix, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                           echo=echo, seed=seed, model=model if model is not None else self.model_path,
-                           logits_processor=logits_processor, stopping_criteria=stopping_criteria, sampling=sampling,
-                           penalty_last_n=self.last_n_tokens_size, spm_infill=self.spm_infill,
-                           draft_model=self.draft_model, tokenizer=self._tokenizer)
+        job = self._completion(locals(), self.draft_model)
+        return self._stream(job.chunks()) if stream else job.result()
+
+    def _completion(self, a: dict[str, Any], draft_model: Any) -> Completion:
+        """The request of ``create_completion``'s arguments ``a``, checked, as a ``Completion``."""
+        sampling = {k: v for k, v in a.items() if k in _SAMPLING_KEYS}
+        model = a["model"]
+        req = make_request(self._session, a["prompt"], suffix=a["suffix"], max_tokens=a["max_tokens"], stop=a["stop"],
+                           logprobs=a["logprobs"], echo=a["echo"], seed=a["seed"],
+                           model=model if model is not None else self.model_path,
+                           logits_processor=a["logits_processor"], stopping_criteria=a["stopping_criteria"],
+                           sampling=sampling, penalty_last_n=self.last_n_tokens_size, spm_infill=self.spm_infill,
+                           draft_model=draft_model, tokenizer=self._tokenizer)
         # the prompt cache goes through save_state / load_state, as llama-cpp-python's does (a subclass or a wrapper
         # of them sees each use)
-        job = Completion(self._session, req, self.cache, save_state=self.save_state, load_state=self.load_state)
-        return self._stream(job.chunks()) if stream else job.result()
+        return Completion(self._session, req, self.cache, save_state=self.save_state, load_state=self.load_state)
+
+    @_open
+    def submit_completion(self, prompt: str | list[int], **kwargs: Any) -> Job:
+        """Queue a completion on the parallel slots (``n_seq_max`` > 1 batches several in each step): a ``Job`` whose
+        ``chunks()`` streams it and ``result()`` returns the whole, as ``create_completion`` would (its keywords; no
+        ``logits_processor``, ``stopping_criteria``, draft model or prompt cache). ``job.cancel()`` frees its slot at
+        the next step. Its generation runs on a worker thread that this Llama's ``close()`` stops."""
+        args = inspect.signature(Llama.create_completion).bind(self, prompt, **kwargs)
+        args.apply_defaults()
+        a = dict(args.arguments)
+        completion = self._completion(a, None)
+        if self._slots is None:
+            self._slots = Slots(self._ctx, self._session, int(self.context_params.ptr.n_seq_max), self.n_batch,
+                                self._hold)
+        return self._slots.submit(completion, stream=bool(a["stream"]))
+
+    def create_completions(self, prompts: Sequence[str | list[int]], **kwargs: Any) -> list[dict[str, Any]]:
+        """``create_completion`` of each prompt (the same keywords, no ``stream``), up to ``n_seq_max`` of them batched
+        in each step; the results in the prompts' order."""
+        if kwargs.get("stream"):
+            raise ValueError("create_completions returns whole results: use submit_completion(..., stream=True)")
+        jobs: list[Job] = []
+        try:
+            for p in prompts:
+                jobs.append(self.submit_completion(p, **kwargs))
+            return [j.result() for j in jobs]
+        finally:
+            for j in jobs:
+                j.cancel()
+
+    @property
+    def slots(self) -> Slots | None:
+        """The parallel slots, once a completion was submitted (their ``stats``, ``busy`` and ``queued``)."""
+        return self._slots
 
     def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:
         return self.create_completion(prompt, *args, **kwargs)

@@ -44,8 +44,9 @@ class Session:
         self.batch = batch
         self.vocab = vocab
         # the context asked for: llama.cpp rounds a context up to a multiple of 256 (n_ctx=32 holds 256 tokens), but
-        # a prompt and its completion get what was asked for, as with llama-cpp-python over a llama.cpp that did not
-        self.n_ctx = min(ctx.n_ctx(), n_ctx) if n_ctx else ctx.n_ctx()
+        # a prompt and its completion get what was asked for, as with llama-cpp-python over a llama.cpp that did not;
+        # a context of several sequences gives each its share (n_ctx / n_seq_max)
+        self.n_ctx = min(ctx.n_ctx_seq(), n_ctx) if n_ctx else ctx.n_ctx_seq()
         self.n_batch = batch.capacity
         self.n_vocab = vocab.n_tokens
         self.logits_all = logits_all

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pyllama_moe.errors import ContextLengthError
 from pyllama_moe.server import limits, sse
-from pyllama_moe.server.model import ModelNotServedError, ModelPool, ServedModel
+from pyllama_moe.server.model import ModelNotServedError, ModelPool, QueueFullError, ServedModel
 from pyllama_moe.server.settings import ModelSettings, ServerSettings
 
 
@@ -97,6 +97,8 @@ def _error_of(e: BaseException, param: str | None = None) -> JSONResponse:
         return _error(401, str(e), "authentication_error")
     if isinstance(e, ModelNotServedError):
         return _error(404, str(e).strip("'\""), "invalid_request_error", code="model_not_found", param="model")
+    if isinstance(e, QueueFullError):  # OpenAI's rate limit answer: clients retry it later
+        return _error(429, str(e), "requests", code="rate_limit_exceeded")
     if isinstance(e, limits.RequestLimitError):
         return _error(400, str(e), param=e.param)
     if isinstance(e, ValueError):
@@ -136,6 +138,34 @@ def _chat_args(body: ChatRequest) -> dict[str, Any]:
     return args
 
 
+def _slot_metrics(m: ServedModel, label: str) -> list[str]:
+    """Slots busy, the queue, and with parallel slots their aggregate and per-request speed, the time to the first
+    token and the MoE cache's hit rate in the last step."""
+    info = m.slot_info()
+    lines = [f"pyllama_moe_slots_total{label} {info['n_parallel']}",
+             f"pyllama_moe_slots_busy{label} {info['slots_busy']}",
+             f"pyllama_moe_queue_length{label} {info['queued']}",
+             f"pyllama_moe_requests_in_flight{label} {m.in_flight}"]
+    slots = getattr(m.llama, "slots", None) if m.parallel else None
+    if slots is None:
+        return lines
+    s = slots.stats
+    lines += [
+        f"pyllama_moe_steps_total{label} {s.steps}",
+        f"pyllama_moe_step_seconds_total{label} {s.busy_seconds:.6f}",
+        f"pyllama_moe_aggregate_tokens_per_second{label} "
+        f"{s.tokens_generated / s.busy_seconds if s.busy_seconds else 0:.3f}",
+        f"pyllama_moe_slot_requests_total{label} {s.requests}",
+        f"pyllama_moe_request_tokens_per_second_mean{label} {s.request_tps_sum / s.requests if s.requests else 0:.3f}",
+        f"pyllama_moe_request_tokens_per_second_last{label} {s.last_request_tps:.3f}",
+        f"pyllama_moe_time_to_first_token_seconds_mean{label} "
+        f"{s.ttft_seconds_sum / s.requests if s.requests else 0:.6f}",
+    ]
+    if s.step_hit_rate is not None:
+        lines.append(f"pyllama_moe_moe_cache_step_hit_rate{label} {s.step_hit_rate:.4f}")
+    return lines
+
+
 def create_app(server: ServerSettings, models: list[ModelSettings],
                factory: Callable[..., Any] | None = None) -> FastAPI:
     """The app; the models are loaded here (a model that fails to load fails the start)."""
@@ -160,7 +190,7 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
     async def _failed(_: Request, e: Exception) -> JSONResponse:
         return _error_of(e)
 
-    for handled in (ValueError, LookupError, PermissionError):
+    for handled in (ValueError, LookupError, PermissionError, QueueFullError):
         # answered by the app's own handler, not Starlette's last-resort one, which re-raises to the server
         # after answering (a logged traceback, the keep-alive connection closed)
         @app.exception_handler(handled)
@@ -187,19 +217,26 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
         return _error(400, "; ".join(parts) or "malformed request")
 
     async def call(model: ServedModel, fn: Callable[[Any], Any]) -> Any:
-        if server.interrupt_requests:
+        if server.interrupt_requests and not model.parallel:  # slots run side by side: nothing to interrupt
             model.stop.set()
         return await anyio.to_thread.run_sync(model.run, fn)
 
-    async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]]) -> Any:
-        if server.interrupt_requests:
+    async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]],
+                     done: Callable[[], None]) -> Any:
+        if server.interrupt_requests and not model.parallel:
             model.stop.set()
-        return await sse.stream(model, make, _error_of)
+        return await sse.stream(model, make, _error_of, done)
 
     async def generate(model: ServedModel, make: Callable[[Any], Any], streaming: bool) -> Any:
-        if streaming:
-            return await stream(model, make)
-        result = await call(model, make)
+        release = model.admit()  # QueueFullError (429) past n_parallel + max_queue
+        try:
+            if streaming:
+                # released when the stream's generator ends
+                return await stream(model, make, release)
+            result = await call(model, make)
+        finally:
+            if not streaming:
+                release()
         model.count(result.get("usage"))
         return result
 
@@ -231,7 +268,8 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [
-            {"id": alias, "object": "model", "owned_by": "me", "permissions": []} for alias in pool.models]}
+            {"id": alias, "object": "model", "owned_by": "me", "permissions": [], "meta": m.slot_info()}
+            for alias, m in pool.models.items()]}
 
     async def tokens(body: TokenizeRequest) -> list[int]:
         return await call(pool.get(body.model), lambda llama: llama.tokenize(body.input.encode(), special=True))
@@ -252,21 +290,24 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "models": list(pool.models)}
+        return {"status": "ok", "models": list(pool.models),
+                "slots": {alias: m.slot_info() for alias, m in pool.models.items()}}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         lines = []
         for alias, m in pool.models.items():
             s, label = m.stats, f'{{model="{alias}"}}'
+            slots = getattr(m.llama, "slots", None) if m.parallel else None
+            busy = slots.stats.busy_seconds if slots is not None else s.busy_seconds  # the steps, with slots
             lines += [
                 f"pyllama_moe_requests_total{label} {s.requests}",
                 f"pyllama_moe_prompt_tokens_total{label} {s.prompt_tokens}",
                 f"pyllama_moe_completion_tokens_total{label} {s.completion_tokens}",
-                f"pyllama_moe_busy_seconds_total{label} {s.busy_seconds:.6f}",
-                f"pyllama_moe_tokens_per_second{label} "
-                f"{s.completion_tokens / s.busy_seconds if s.busy_seconds else 0:.3f}",
+                f"pyllama_moe_busy_seconds_total{label} {busy:.6f}",
+                f"pyllama_moe_tokens_per_second{label} {s.completion_tokens / busy if busy else 0:.3f}",
             ]
+            lines += _slot_metrics(m, label)
             stats = getattr(m.llama, "moe_cache_stats", None)
             cache = stats() if callable(stats) else None
             if cache is not None:  # over every lookup path

@@ -1,10 +1,13 @@
-"""The served models: each loaded once and used by one request at a time."""
+"""The served models: each loaded once; with ``n_parallel`` 1 used by one request at a time, with more its
+completions run side by side in the Llama's parallel slots (one batch per step); past ``n_parallel + max_queue``
+requests in flight a model refuses more (``QueueFullError``, HTTP 429)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +26,35 @@ class ModelNotServedError(LookupError):
     """A request names a model this server does not serve (a 404, ``model_not_found``)."""
 
 
+class QueueFullError(RuntimeError):
+    """More requests than the model runs and queues (``n_parallel + max_queue``): a 429."""
+
+
+class SlotRouted:
+    """The Llama as a request's code sees it with parallel slots: its completions, and those of the chat handlers,
+    go to ``Llama.submit_completion``; everything else is the Llama's."""
+
+    def __init__(self, llama: Any) -> None:
+        self._llama = llama
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llama, name)
+
+    def create_completion(self, prompt: Any = "", **kwargs: Any) -> Any:
+        job = self._llama.submit_completion(prompt, **kwargs)
+        return job.chunks() if kwargs.get("stream") else job.result()
+
+    def create_chat_completion(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        from pyllama_moe.chat.dispatch import create_chat_completion
+
+        return create_chat_completion(self, messages=messages, **kwargs)
+
+
 @dataclass
 class ServedModel:
-    """One model behind a lock: requests queue on it; ``stop`` asks a running stream to end. ``n_ctx`` is its
-    context, read once at the start, so that requests are checked against it without waiting for the lock."""
+    """One model: with ``n_parallel`` 1 behind a lock (requests queue on it; ``stop`` asks a running stream to end),
+    with more its completions share the Llama's parallel slots. ``n_ctx`` is a request's context (a slot's share),
+    read once at the start, so that requests are checked against it without waiting for the model."""
 
     settings: ModelSettings
     llama: Any
@@ -34,14 +62,63 @@ class ServedModel:
     stop: threading.Event = field(default_factory=threading.Event)
     stats: Stats = field(default_factory=Stats)
     n_ctx: int | None = None
+    in_flight: int = 0  # requests admitted and not ended (running and waiting)
+    executor: ThreadPoolExecutor | None = None  # the streams' producers, one thread for each request admitted
 
     def __post_init__(self) -> None:
         n_ctx = getattr(self.llama, "n_ctx", None)
         if self.n_ctx is None and callable(n_ctx):
             self.n_ctx = int(n_ctx())
+        self._admission = threading.Lock()
+        if self.parallel:
+            self.executor = ThreadPoolExecutor(self.settings.n_parallel + self.settings.max_queue,
+                                               thread_name_prefix="pyllama_moe-request")
+
+    @property
+    def parallel(self) -> bool:
+        return self.settings.n_parallel > 1
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.n_parallel + self.settings.max_queue
+
+    def admit(self) -> Callable[[], None]:
+        """Count a generation request in, or QueueFullError past ``n_parallel + max_queue``; returns its release
+        (idempotent)."""
+        with self._admission:
+            if self.in_flight >= self.capacity:
+                raise QueueFullError(f"the server is busy: {self.in_flight} requests running or waiting for model "
+                                     f"{self.settings.alias!r} (n_parallel {self.settings.n_parallel} + max_queue "
+                                     f"{self.settings.max_queue}); retry later")
+            self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._admission:
+                if not released:
+                    released = True
+                    self.in_flight -= 1
+
+        return release
+
+    def slot_info(self) -> dict[str, Any]:
+        """Slots, their context, and the requests running and waiting (``/health``, ``/v1/models``)."""
+        n = self.settings.n_parallel
+        slots = getattr(self.llama, "slots", None) if self.parallel else None
+        if slots is not None:
+            busy, queued = slots.busy, slots.queued
+        else:
+            busy = min(self.in_flight, n)
+            queued = self.in_flight - busy
+        return {"n_parallel": n, "n_ctx_per_slot": self.n_ctx, "slots_busy": busy, "queued": queued,
+                "max_queue": self.settings.max_queue}
 
     def run(self, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn(llama)`` alone on the model (blocking; call it from a worker thread)."""
+        """Run ``fn(llama)`` on the model (blocking; call it from a worker thread): alone, or with parallel slots
+        beside the other requests."""
+        if self.parallel:
+            return fn(SlotRouted(self.llama))
         with self.lock:
             self.stop.clear()
             t0 = time.perf_counter()
@@ -86,6 +163,8 @@ class ModelPool:
 
     def close(self) -> None:
         for m in self.models.values():
+            if m.executor is not None:
+                m.executor.shutdown(wait=False, cancel_futures=True)
             close = getattr(m.llama, "close", None)
             if close is not None:
                 close()

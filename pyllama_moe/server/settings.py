@@ -53,6 +53,12 @@ class ModelSettings(BaseSettings):
     override_tensor: str | None = Field(default=None, description="llama.cpp -ot: PATTERN=BUFFER_TYPE,...")
     load_mode: str | None = Field(default=None, description="auto, none, mmap, mlock, mmap_mlock, direct_io")
     fit: bool = False
+    # serving
+    n_parallel: int = Field(default=1, ge=1, le=256,
+                            description="requests decoded together in one batch per step, each a slot with "
+                                        "n_ctx / n_parallel of the context; 1 = one request at a time")
+    max_queue: int = Field(default=64, ge=0, description="requests waiting beyond the n_parallel running "
+                                                         "(HTTP 429 beyond)")
 
     @field_validator("n_threads", "n_threads_batch")
     @classmethod
@@ -62,8 +68,19 @@ class ModelSettings(BaseSettings):
 
         return None if value is None else check_threads(info.field_name, value)
 
+    @field_validator("n_parallel")
+    @classmethod
+    def _parallel(cls, value: int, info: Any) -> int:
+        """Each step holds a token of every slot: at most ``n_batch`` slots (refused when the settings are read)."""
+        n_batch = info.data.get("n_batch")
+        if n_batch is not None and value > n_batch:
+            raise ValueError(f"n_parallel ({value}) must be at most n_batch ({n_batch})")
+        return value
+
     def llama_kwargs(self) -> dict[str, Any]:
-        kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides"})
+        kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides", "n_parallel", "max_queue"})
+        if self.n_parallel > 1:
+            kw["n_seq_max"] = self.n_parallel
         if self.kv_overrides:
             kw["kv_overrides"] = parse_kv_overrides(self.kv_overrides)
         return kw

@@ -16,10 +16,11 @@ _DONE = object()
 
 
 async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]],
-                 error_of: Callable[[BaseException], JSONResponse]) -> Any:
-    """The chunks of ``make(llama)`` as events; a gone client stops the generator. A request that fails before its
-    first chunk (a bad value) gets ``error_of``'s response, not a stream; a failure after it ends the stream with
-    an error event and [DONE]."""
+                 error_of: Callable[[BaseException], JSONResponse], done: Callable[[], None] | None = None) -> Any:
+    """The chunks of ``make(llama)`` as events; a gone client stops the generator (with parallel slots: its slot is
+    free at the next step). A request that fails before its first chunk (a bad value) gets ``error_of``'s response,
+    not a stream; a failure after it ends the stream with an error event and [DONE]. ``done`` is called when the
+    generator has ended."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     gone = threading.Event()
@@ -43,9 +44,11 @@ async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, An
                 except Exception:  # noqa: BLE001 - the stream is over either way
                     pass
             model.stats.requests += 1
+            if done is not None:
+                done()
             loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
-    worker = loop.run_in_executor(None, model.run, produce)
+    worker = loop.run_in_executor(model.executor, model.run, produce)
     first = await queue.get()
     if isinstance(first, Exception):
         await queue.get()  # _DONE
