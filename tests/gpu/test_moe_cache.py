@@ -134,14 +134,18 @@ def test_prediction_identical_in_ubatches_of_9_to_32(monkeypatch: pytest.MonkeyP
         buf = ffi.new("llama_token[]", 1024)
         n = lib.llama_tokenize(lib.llama_model_get_vocab(m), text, len(text), buf, 1024, True, False)
         tokens = list(buf[0:n])
-        assert n > 300
+        assert n > 200
         for predict in ("0", "2"):
             monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
             rows[predict], stats[predict] = chunked(m, tokens, [9, 16, 32, 17, 31], cache_bytes)
     assert rows["2"].tobytes() == rows["0"].tobytes()
     off, on = stats["0"], stats["2"]
-    assert off.hits_small + off.misses_small + off.hits_large + off.misses_large == 0  # all on the device
-    assert on.n_predicted > 0 and off.n_predicted == 0, on
+    assert off.n_predicted == 0
+    # gpt-oss's 32 KiB holds too few of its experts for these ubatches: they take the host path there
+    if cache_bytes > 32 << 10:  # room for 32 tokens' experts: every ubatch on the device, predicted
+        assert off.hits_device + off.misses_device > 0
+        assert off.hits_small + off.misses_small + off.hits_large + off.misses_large == 0
+        assert on.n_predicted > 0, on
 
 
 # a child process: ggml-cuda reads GGML_CUDA_PDL once per process
