@@ -149,6 +149,12 @@ def test_a_tensor_count_one_too_low_is_refused(tmp_path: Path) -> None:
 
 def without_last_layer(src: Path, out: Path) -> Path:
     """A copy of a GGUF model with one layer less: block_count - 1, the last layer's tensors left out."""
+    return without(src, out, last_layer=True)
+
+
+def without(src: Path, out: Path, last_layer: bool = False, tensor: str | None = None) -> Path:
+    """A copy of a GGUF model without its last layer (block_count - 1, that layer's tensors left out) or without the
+    tensor of that name."""
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     n_layer = int(r.fields[f"{arch}.block_count"].contents())
@@ -156,11 +162,11 @@ def without_last_layer(src: Path, out: Path) -> Path:
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = n_layer - 1 if key == f"{arch}.block_count" else f.contents()
+        value = n_layer - 1 if last_layer and key == f"{arch}.block_count" else f.contents()
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, value, f.types[0], sub_type=sub)
     for t in r.tensors:
-        if not t.name.startswith(f"blk.{n_layer - 1}."):
+        if not (last_layer and t.name.startswith(f"blk.{n_layer - 1}.")) and t.name != tensor:
             w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -210,3 +216,99 @@ def test_llama4_without_a_full_attention_layer_is_refused(tmp_path: Path) -> Non
                               tmp_path / "three.gguf")
     got = run_llama4(path, {})
     assert got.startswith("ERROR") and "no layer attends fully" in got, got
+
+
+# one file per case, each in a child process of its own: the load or the context creation must fail with the reason
+# (MTP: a multi-token-prediction context, as llama.cpp's speculative decoding makes it from the model's NextN layer)
+REFUSE = """
+import json, sys
+from pyllama_moe import backend
+from pyllama_moe.ffi import ffi, lib
+path, overrides, mtp = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+backend.init()
+mp = lib.llama_model_default_params()
+mp.load_mtp = mtp
+kv = ffi.new("struct llama_model_kv_override[]", len(overrides) + 1)
+for i, (k, v) in enumerate(overrides.items()):
+    kv[i].tag = lib.LLAMA_KV_OVERRIDE_TYPE_INT
+    kv[i].key = k.encode()
+    kv[i].val_i64 = v
+if overrides:
+    mp.kv_overrides = kv
+m = lib.llama_model_load_from_file(path.encode(), mp)
+if m == ffi.NULL:
+    print("REFUSED load")
+    sys.exit(0)
+cp = lib.llama_context_default_params()
+cp.n_ctx = 64
+if mtp:
+    cp.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+ctx = lib.llama_init_from_model(m, cp)
+print("REFUSED context" if ctx == ffi.NULL else "CREATED")
+"""
+
+
+def refused(path: Path, overrides: dict[str, int], mtp: bool = False) -> str:
+    res = subprocess.run([sys.executable, "-c", REFUSE, str(path), json.dumps(overrides), "1" if mtp else "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"exit {res.returncode}: {res.stderr[-2000:]}"
+    return res.stdout.strip().splitlines()[-1] + "\n" + res.stderr
+
+
+def test_qwen3next_without_a_full_attention_layer_is_refused(tmp_path: Path) -> None:
+    # three layers of linear attention and none of full attention (one in four), or an interval of 0 (a division by
+    # zero): the first graph aborted (GGML_ASSERT(buffer) from the KV cache's inputs); the load now says why
+    from pyllama_moe.tools import synth
+
+    path = synth.write_model(tmp_path / "qwen3next.gguf", "tiny", arch="qwen3next", seed=1)
+    assert refused(path, {}).startswith("CREATED")
+    got = refused(without_last_layer(path, tmp_path / "three.gguf"), {})
+    assert got.startswith("REFUSED load") and "no layer attends fully" in got, got
+    got = refused(path, {"qwen3next.full_attention_interval": 0})
+    assert got.startswith("REFUSED load") and "full_attention_interval is 0" in got, got
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"deepseek2.expert_group_count": 8}, "expert_group_count is 8, not less than expert_count (8)"),
+    ({"deepseek2.expert_group_count": 3, "deepseek2.expert_group_used_count": 1}, "does not divide expert_count"),
+    ({"deepseek2.expert_group_count": 4, "deepseek2.expert_group_used_count": 4}, "expert_group_used_count is 4"),
+    ({"deepseek2.expert_group_count": 4, "deepseek2.expert_group_used_count": 0}, "expert_group_used_count is 0"),
+    ({"deepseek2.attention.head_count_kv": 2}, "n_head_kv(il) == 1"),
+])
+def test_deepseek2_hyperparameters_are_refused(tmp_path_factory: pytest.TempPathFactory,
+                                               overrides: dict[str, int], reason: str) -> None:
+    # expert groups that do not split the experts asserted at load (llama-model.cpp), more than one KV head under the
+    # latent attention at the first graph (ggml_set_rows): the load now refuses them
+    from pyllama_moe.tools import synth
+
+    path = tmp_path_factory.getbasetemp() / "deepseek2.gguf"
+    if not path.exists():
+        synth.write_model(path, "tiny", arch="deepseek2", seed=1)
+    got = refused(path, overrides)
+    assert got.startswith("REFUSED") and reason in got, got
+
+
+def test_deepseek2_key_length_mla_within_the_rope_is_refused(tmp_path: Path) -> None:
+    # the latent attention's key no longer than its rotated part leaves nothing unrotated (GGML_ASSERT at load)
+    from pyllama_moe.tools import synth
+
+    path = synth.write_model(tmp_path / "deepseek2.gguf", "tiny", arch="deepseek2", seed=1)
+    rot = int(gguf.GGUFReader(path).fields["deepseek2.rope.dimension_count"].contents())
+    got = refused(path, {"deepseek2.attention.key_length_mla": rot})
+    assert got.startswith("REFUSED load") and "n_embd_head_qk_nope >= 1" in got, got
+
+
+def test_mtp_contexts_the_nextn_layer_cannot_build_are_refused(tmp_path: Path) -> None:
+    # the MTP context of a glm4moe of two NextN layers, or of one whose NextN layer lacks its eh_proj, asserted in its
+    # graph (glm4-moe.cpp): the context creation now fails with the reason; the trunk's context still works
+    from pyllama_moe.tools import synth
+
+    glm = synth.write_model(tmp_path / "glm4moe.gguf", "tiny", arch="glm4moe", seed=1)
+    assert refused(glm, {}, mtp=True).startswith("CREATED")
+    got = refused(glm, {"glm4moe.nextn_predict_layers": 2}, mtp=True)
+    assert got.startswith("REFUSED context") and "n_layer_nextn == 1" in got, got
+    n_layer = int(gguf.GGUFReader(glm).fields["glm4moe.block_count"].contents())
+    bare = without(glm, tmp_path / "bare.gguf", tensor=f"blk.{n_layer - 1}.nextn.eh_proj.weight")
+    got = refused(bare, {}, mtp=True)
+    assert got.startswith("REFUSED context") and "layer.nextn.eh_proj" in got, got
+    assert refused(bare, {}).startswith("CREATED")

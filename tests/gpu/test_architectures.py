@@ -1,8 +1,8 @@
 """On a GPU: every MoE architecture synth writes, through the MoE cache's lookup paths and switches (#42). The host
 LRU, the device lookup, the prediction off and at 2 and 8 copies, the seed and the large ubatch's prefetch through the
 cache off, a cache that evicts at every step and one that holds every expert: the same greedy tokens and logits, byte
-for byte, after a prompt longer than the device lookup's 32 tokens (the host path, the seed) and over decode steps
-of one token. The experts per layer vary over 60, 64, 128, 160, 256 and 384 (not all multiples of 32)."""
+for byte, after a prompt longer than the device lookup's 32 tokens (the host path, the seed) and over decode steps of
+one token. The experts per layer vary over 60, 64, 128, 160, 256 and 384 (not all multiples of 32)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pyllama_moe.ffi import lib
 from pyllama_moe.llama import Llama
 from pyllama_moe.moe import MoeCacheStats
 
-from fixtures.native import greedy, model
+from fixtures.native import decode_chunks, greedy, model
 
 pytestmark = pytest.mark.gpu
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -93,32 +93,6 @@ def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, 
         assert on.n_predicted > 0 and on.n_predicted_used > 0, on
 
 
-def chunked(m: object, tokens: list[int], sizes: list[int], cache_bytes: int) -> tuple[np.ndarray, MoeCacheStats]:
-    """The last logits of each chunk of ``tokens`` decoded ``sizes`` tokens at a time (cycled), and the cache's
-    counts."""
-    from pyllama_moe.errors import ContextError, check_decode, check_ptr
-    from pyllama_moe.ffi import ffi
-
-    cparams = lib.llama_context_default_params()
-    cparams.n_ctx = cparams.n_batch = 1024
-    cparams.moe_cache_size = cache_bytes
-    ctx = check_ptr(lib.llama_init_from_model(m, cparams), ContextError, "cannot create the context")
-    try:
-        n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(m))
-        rows, i, k = [], 0, 0
-        while i < len(tokens):
-            n = min(sizes[k % len(sizes)], len(tokens) - i)
-            buf = ffi.new("llama_token[]", tokens[i:i + n])
-            check_decode(lib.llama_decode(ctx, lib.llama_batch_get_one(buf, n)))
-            rows.append(np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, -1), n_vocab * 4), np.float32).copy())
-            i, k = i + n, k + 1
-        st = MoeCacheStats.read(ctx)
-        assert st is not None
-        return np.stack(rows), st
-    finally:
-        lib.llama_free(ctx)
-
-
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 256 << 10])
 def test_prediction_identical_in_ubatches_of_9_to_32(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int
                                                       ) -> None:
@@ -137,7 +111,9 @@ def test_prediction_identical_in_ubatches_of_9_to_32(monkeypatch: pytest.MonkeyP
         assert n > 200
         for predict in ("0", "2"):
             monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
-            rows[predict], stats[predict] = chunked(m, tokens, [9, 16, 32, 17, 31], cache_bytes)
+            rows[predict], st = decode_chunks(m, tokens, [9, 16, 32, 17, 31], cache_bytes)
+            assert st is not None
+            stats[predict] = st
     assert rows["2"].tobytes() == rows["0"].tobytes()
     off, on = stats["0"], stats["2"]
     assert off.n_predicted == 0
@@ -152,7 +128,7 @@ def test_prediction_identical_in_ubatches_of_9_to_32(monkeypatch: pytest.MonkeyP
 CHILD = """
 import hashlib, sys
 from pyllama_moe.ffi import lib
-from fixtures.native import greedy, model
+from fixtures.native import decode_chunks, greedy, model
 with model(sys.argv[1], n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
     tokens, logits = greedy(m, sys.argv[2], 24, moe_cache_size=int(sys.argv[3]))
 print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
