@@ -14,6 +14,12 @@
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
 #   ci/gpu.sh bench-predict [args] the bench with the prediction off (LLAMA_MOE_CACHE_PREDICT=0), at its default (2)
 #                                  and at 8: caches of 10 / 25 / 50 / 80% of the experts, the misses predicted
+#   ci/gpu.sh bench-draft [args]   the Python API's generation without a draft and with drafts of 4, 8 and 16 tokens
+#                                  (prompt lookup, and the drafts all accepted and all rejected): all on the GPU and
+#                                  caches of 25 / 50 / 80%
+#   ci/gpu.sh loadtest [args]      the OpenAI server at --n_parallel 16 and 1 (1024 tokens of context per request),
+#                                  caches of 50 / 80% and all on the GPU, under 1, 4 and 16 concurrent streaming
+#                                  clients (python -m pyllama_moe loadtest); JSON in $PYLLAMA_MOE_BENCH_OUT
 # The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), dispersed, uniform or
 # collapsed;
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
@@ -147,6 +153,42 @@ bench_predict() {  # the bench with the prediction of the next MoE layer's exper
         --switch LLAMA_MOE_CACHE_PREDICT=8 --pp 512 --ub 512 --tg 128 --no-native "$@"
 }
 
+bench_draft() {  # speculative decoding through the MoE cache (#45); no dense model: the bench itself, not bench()
+    local out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
+    "$PY" -m pyllama_moe bench "$model" --preset 30b-a3b --routing "$routing" --json "$out/draft.json" \
+        --setups gpu,cache-80,cache-50,cache-25 --pp 512 --ub 512 --tg 64 --no-native --draft 4,8,16 --draft-bounds \
+        "$@" | tee "$out/draft.md"
+}
+
+loadtest() {  # concurrent requests in one batch (#43): the server with parallel slots against one at a time
+    local out=${PYLLAMA_MOE_BENCH_OUT:-/tmp} port=8123 npar name pid i
+    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b --routing "$routing" -q
+    local c50 c80
+    c50=$("$PY" -c "from pyllama_moe.gguf_info import GGUFInfo; print(int(GGUFInfo.read('$model').expert_bytes*0.5)>>20)")
+    c80=$("$PY" -c "from pyllama_moe.gguf_info import GGUFInfo; print(int(GGUFInfo.read('$model').expert_bytes*0.8)>>20)")
+    for npar in 16 1; do
+        for name in cache-50 cache-80 gpu; do
+            local args=(--n_gpu_layers -1)
+            [ "$name" = cache-50 ] && args+=(--cpu_moe true --load_mode none --moe_cache_mib "$c50")
+            [ "$name" = cache-80 ] && args+=(--cpu_moe true --load_mode none --moe_cache_mib "$c80")
+            # one request at a time as before (not interrupted by the next one), or 16 slots of the same context each
+            [ "$npar" = 1 ] && args+=(--interrupt_requests false)
+            "$PY" -m pyllama_moe.server --model "$model" --n_ctx $((1024 * npar)) --n_batch 512 --n_parallel "$npar" \
+                --port "$port" --verbose false "${args[@]}" > "$out/server-$name-$npar.log" 2>&1 &
+            pid=$!
+            for i in $(seq 1 180); do
+                "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" \
+                    >/dev/null 2>&1 && break
+                sleep 1
+            done
+            echo "gpu.sh: loadtest $name --n_parallel $npar"
+            "$PY" -m pyllama_moe loadtest "http://127.0.0.1:$port" --clients 1,4,16 --json "$out/load-$name-$npar.json" "$@" ||
+                tail -20 "$out/server-$name-$npar.log"
+            kill "$pid"; wait "$pid" 2>/dev/null || true
+        done
+    done
+}
+
 tests() {  # the GPU-marked tests, with the arguments for pytest
     local start
     start=$(date +%s)
@@ -162,5 +204,7 @@ case "${1:-}" in
     sanitize) build; sanitize ;;
     bench)    shift; build; bench "$@" ;;
     bench-predict) shift; build; bench_predict "$@" ;;
+    bench-draft) shift; build; bench_draft "$@" ;;
+    loadtest) shift; build; loadtest "$@" ;;
     *)        build; tests "$@" ;;
 esac
