@@ -17,7 +17,8 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from pyllama_moe.server import ModelSettings, ServerSettings, create_app, parse_args  # noqa: E402
-from pyllama_moe.server.protocol import protocol_class  # noqa: E402
+
+from fixtures.server import Running  # noqa: E402
 
 SMALL = {"n_ctx": 512, "n_batch": 64, "n_ubatch": 64, "verbose": False}
 
@@ -27,31 +28,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pyllama_moe.tools import synth
 
     return synth.write_model(tmp_path_factory.mktemp("server") / "tiny.gguf", "tiny", seed=5)
-
-
-class Running:
-    def __init__(self, app: Any) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.app = app
-        # the protocol python -m pyllama_moe.server runs with (its answer to an unparseable request is JSON)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    http=protocol_class()))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def client(self, key: str = "none") -> Any:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 @pytest.fixture(scope="module")
