@@ -1,4 +1,5 @@
-"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, loadtest, rpc-server, fetch.
+"""``python -m pyllama_moe <command>``: demo, info, synth, bench, routing, calibrate, loadtest,
+rpc-server, fetch.
 
 ``info`` and ``rpc-server`` are the library's own; the others run the programs of :mod:`pyllama_moe.tools`.
 """
@@ -54,7 +55,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 # the tools with parsers of their own: ``python -m pyllama_moe <name> ...`` is ``<module>.main([...])``
 TOOLS = {"synth": "pyllama_moe.tools.synth", "bench": "pyllama_moe.tools.bench", "routing": "pyllama_moe.tools.routing",
-         "loadtest": "pyllama_moe.tools.loadtest"}
+         "calibrate": "pyllama_moe.tools.calibrate", "loadtest": "pyllama_moe.tools.loadtest"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("synth", help="write a random-weight GGUF model (see `synth --help`)")
     sub.add_parser("bench", help="speed of each placement and kill switch, side by side (see `bench --help`)")
     sub.add_parser("routing", help="what a MoE's routers select on real text (see `routing --help`)")
+    sub.add_parser("calibrate", help="count each MoE layer's experts on a text: the MoE cache's warm-start file "
+                   "(see `calibrate --help`)")
     sub.add_parser("loadtest", help="concurrent streaming clients against a server (see `loadtest --help`)")
     args = ap.parse_args(argv)
     return int(args.run(args))
