@@ -169,6 +169,23 @@ class Context:
     def perf_reset(self) -> None:
         lib.llama_perf_context_reset(self.ptr)
 
+    def moe_cache_held(self, n_layer: int, n_expert: int) -> np.ndarray | None:
+        """``[n_layer, n_expert]`` of 0 and 1: the experts the MoE cache holds now (after the work in flight); None
+        without a cache or for another expert count."""
+        out = np.zeros((n_layer, n_expert), dtype=np.uint8)
+        ok = lib.llama_moe_cache_get_held(self.ptr, ffi.from_buffer("uint8_t[]", out), n_layer, n_expert)
+        return out if ok else None
+
+    def moe_cache_fill(self, weights: np.ndarray) -> int | None:
+        """Fill the MoE cache with each cached layer's highest-weighted experts (``weights``: ``[n_layer, n_expert]``,
+        0 or less: not taken), up to the layer's share of the slots, from host memory: the experts copied in; None
+        without a cache or for another expert count."""
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        if w.ndim != 2:
+            raise ValueError(f"weights must be [n_layer, n_expert], got shape {w.shape}")
+        n = int(lib.llama_moe_cache_fill(self.ptr, ffi.from_buffer("float[]", w), w.shape[0], w.shape[1]))
+        return None if n < 0 else n
+
     def moe_cache_stats(self) -> MoeCacheStats | None:
         """The MoE cache's counts, None without a cache (see ``Llama.moe_cache_stats``)."""
         return MoeCacheStats.read(self.ptr)

@@ -27,6 +27,7 @@ from pyllama_moe.errors import ClosedError, LlamaError
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 from pyllama_moe.model import LoraAdapter, Model, model_path_str
+from pyllama_moe.moe_warm import WarmStart
 from pyllama_moe.params import (
     ContextParams,
     ModelParams,
@@ -130,6 +131,7 @@ class Llama:
         # MoE and placement (pyllama-moe)
         moe_cache_mib: int | str = 0,
         moe_cache_predict: int | None = None,
+        moe_cache_state: str | os.PathLike[str] | None = None,
         cpu_moe: bool = False,
         n_cpu_moe: int = 0,
         override_tensor: str | Mapping[str, str] | None = None,
@@ -147,6 +149,9 @@ class Llama:
                 what the GPUs have left, measured); ignored with a warning without a GPU.
             moe_cache_predict: after each device lookup of a decode step, copy at most this many of the experts
                 that the next MoE layer is predicted to select (None: the library's default, 2; 0: off).
+            moe_cache_state: a warm-start file (``python -m pyllama_moe calibrate``, or the last run's): at load
+                the cache is filled with the experts it names, at close the experts the cache holds are written
+                to it; a missing, corrupt or mismatched file is a cold start with a warning.
             cpu_moe: keep every layer's experts in host memory (``--cpu-moe``).
             n_cpu_moe: keep the experts of the first N layers in host memory (``--n-cpu-moe N``).
             override_tensor: ``"pattern=BUFT,..."`` or ``{pattern: BUFT}`` (``-ot``), e.g. ``{"exps": "CPU"}``.
@@ -177,6 +182,8 @@ class Llama:
             raise ValueError("draft_model must be a LlamaDraftModel (a callable of the input ids), "
                              f"got {draft_model!r}")
         self.draft_model = draft_model
+        if moe_cache_state is not None and not isinstance(moe_cache_state, (str, os.PathLike)):
+            raise TypeError(f"moe_cache_state must be a path, got {moe_cache_state!r}")
         self.verbose = verbose
         if verbose:
             backend.show_log_on_stderr()
@@ -216,6 +223,11 @@ class Llama:
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
                                  verbose=verbose)
         self._load(seed)
+        self._warm: WarmStart | None = None
+        self.moe_cache_restored = 0  # experts the warm start filled in at load
+        if moe_cache_state is not None:
+            self._warm = WarmStart(moe_cache_state, self._model, self._ctx)
+            self.moe_cache_restored = self._warm.restore()
         self.placement = self._placement()
         if verbose:
             logger.info("%s", backend.system_info().strip())
@@ -306,6 +318,10 @@ class Llama:
             slots.close()
         lock = getattr(self, "_lock", None)
         with lock if lock is not None else contextlib.nullcontext():
+            warm = getattr(self, "_warm", None)
+            if warm is not None and not getattr(self, "_warm_saved", False):
+                self._warm_saved = True
+                warm.save()
             sampler = getattr(self, "_sampler", None)
             if sampler is not None:
                 sampler.close()

@@ -1,7 +1,7 @@
 """The MoE cache's warm-start file (#46): how often each layer's experts were selected, for one model and shape.
 
-A file written by ``python -m pyllama_moe calibrate`` (and, once the native side can read the device cache's counts,
-by a ``Llama`` at close) is read back at load to fill the cache with the most used experts before the first token.
+A file written by ``python -m pyllama_moe calibrate`` (or, with the experts it held, by a ``Llama`` at close:
+:mod:`.moe_warm`) is read back at load to fill the cache with the most used experts before the first token.
 This module owns the format; it neither reads nor fills a cache.
 
 The format (version 1) is UTF-8 JSON, one object::

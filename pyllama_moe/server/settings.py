@@ -46,6 +46,8 @@ class ModelSettings(BaseSettings):
     verbose: bool = True
     # MoE and placement (pyllama-moe)
     moe_cache_mib: int = Field(default=0, description="device cache for host-resident experts, MiB; 0 = off")
+    moe_cache_state: str | None = Field(default=None, description="the MoE cache's warm-start file: read at load, "
+                                        "written at close (python -m pyllama_moe calibrate writes one)")
     moe_cache_predict: int | None = Field(default=None, ge=0, description="the device lookups' prefetch of the next "
                                           "MoE layer's predicted experts: copies per layer; 0 = off (default 2)")
     cpu_moe: bool = Field(default=False, description="keep every expert tensor in host memory")

@@ -268,3 +268,17 @@ def test_moe_cache_predict_reaches_the_context_params(path: Path, predict: int |
     # None leaves the library's default (2 copies per layer and ubatch), a number is passed as given
     with Llama(str(path), n_ctx=64, moe_cache_predict=predict, verbose=False) as llm:
         assert llm.context_params.ptr.moe_cache_predict == want
+
+
+def test_moe_cache_state_without_a_cache_is_ignored(path: Path, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    # a warm-start file needs a MoE cache (a GPU): without one it is neither read nor written, with a warning
+    state = tmp_path / "state.json"
+    with caplog.at_level(logging.WARNING, logger="pyllama_moe"):
+        with Llama(str(path), n_ctx=64, moe_cache_state=state, verbose=False) as llm:
+            assert llm.moe_cache_restored == 0
+            llm("hi", max_tokens=2)
+    assert not state.exists()
+    assert any("moe_cache_state" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
+    with pytest.raises(TypeError, match="moe_cache_state must be a path"):
+        Llama(str(path), n_ctx=64, moe_cache_state=5, verbose=False)  # type: ignore[arg-type]

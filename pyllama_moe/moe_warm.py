@@ -1,0 +1,76 @@
+"""``Llama(moe_cache_state=FILE)``: the MoE cache's warm start across runs (#46).
+
+At load, a state file of this model and shape (:mod:`.moe_state`, written by ``python -m pyllama_moe calibrate`` or by
+the last run) fills the cache with each cached layer's most used experts, from their host copies, before the first
+token (``llama_moe_cache_fill``); at close, the experts the cache holds are written back to it (counts of 1 for the
+held ones: the device lookups keep no use counts). A missing, corrupt or mismatched file is a cold start with a
+warning; a file that cannot be written loses only the warm start (a warning), never the run's results. Results are
+those of a cold start: only which experts the slots hold differs.
+
+Public API: :class:`WarmStart`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pyllama_moe import moe_state
+from pyllama_moe.context import Context
+from pyllama_moe.model import Model
+
+logger = logging.getLogger("pyllama_moe")
+
+
+def n_expert_of(model: Model) -> int:
+    """The model's experts per layer (its metadata's ``expert_count``), 0 for a dense model."""
+    meta = model.metadata()
+    arch = meta.get("general.architecture", "")
+    try:
+        return max(0, int(meta.get(f"{arch}.expert_count", "0") or 0))
+    except ValueError:
+        return 0
+
+
+class WarmStart:
+    """The state file of one ``Llama``: ``restore`` at load, ``save`` at close; ``restored`` experts filled in."""
+
+    def __init__(self, path: str | os.PathLike[str], model: Model, ctx: Context) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"moe_cache_state must be a path, got {path!r}")
+        self.path = Path(path)
+        self.ctx = ctx
+        self.model_id, self.n_layer, self.n_expert = model.fingerprint(), model.n_layer(), n_expert_of(model)
+        self.restored = 0
+        self.active = self.n_expert > 0 and ctx.moe_cache_stats() is not None
+        if not self.active:
+            logger.warning("moe_cache_state=%s ignored: the context has no MoE cache", self.path)
+
+    def restore(self) -> int:
+        """Fill the cache from the file, if it is of this model and shape: the experts copied in (0 otherwise)."""
+        if not self.active:
+            return 0
+        state = moe_state.load(self.path, self.model_id, self.n_layer, self.n_expert)
+        if state is None:
+            return 0
+        n = self.ctx.moe_cache_fill(state.counts.astype(np.float32))
+        self.restored = n or 0
+        logger.info("moe_cache_state: %d experts restored from %s (%s, %d tokens)", self.restored, self.path,
+                    state.source, state.n_tokens)
+        return self.restored
+
+    def save(self) -> None:
+        """Write the experts the cache holds to the file (a warning, never an exception, if it cannot)."""
+        if not self.active:
+            return
+        try:
+            held = self.ctx.moe_cache_held(self.n_layer, self.n_expert)
+            if held is None:
+                return
+            moe_state.save(moe_state.MoeCacheState(self.model_id, self.n_layer, self.n_expert,
+                                                   held.astype(np.uint32), 0, "run"), self.path)
+        except Exception as e:  # noqa: BLE001 - the run's results are not lost for a state file
+            logger.warning("moe_cache_state: cannot write %s: %s", self.path, e)
