@@ -20,6 +20,8 @@
 #   ci/gpu.sh loadtest [args]      the OpenAI server at --n_parallel 16 and 1 (1024 tokens of context per request),
 #                                  caches of 50 / 80% and all on the GPU, under 1, 4 and 16 concurrent streaming
 #                                  clients (python -m pyllama_moe loadtest); JSON in $PYLLAMA_MOE_BENCH_OUT
+#   ci/gpu.sh warm-start [args]    the MoE cache's warm start (ci/warm_start.py): the first 32 and 128 tokens' hit rates
+#                                  cold, warm and restored from the state file, caches of 25 / 50%
 # The synthetic model's routing regime is $PYLLAMA_MOE_BENCH_ROUTING: realistic (the default), dispersed, uniform or
 # collapsed;
 # it is /tmp/30b-a3b-<regime>.gguf unless $PYLLAMA_MOE_BENCH_MODEL names another file.
@@ -189,6 +191,12 @@ loadtest() {  # concurrent requests in one batch (#43): the server with parallel
     done
 }
 
+warm_start() {  # the warm start from a state file against a cold and a warm cache (#46)
+    local out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
+    [ -f "$model" ] || "$PY" -m pyllama_moe synth "$model" --preset 30b-a3b --routing "$routing" -q
+    "$PY" ci/warm_start.py "$model" --json "$out/warm-start.json" "$@"
+}
+
 tests() {  # the GPU-marked tests, with the arguments for pytest
     local start
     start=$(date +%s)
@@ -206,5 +214,6 @@ case "${1:-}" in
     bench-predict) shift; build; bench_predict "$@" ;;
     bench-draft) shift; build; bench_draft "$@" ;;
     loadtest) shift; build; loadtest "$@" ;;
+    warm-start) shift; build; warm_start "$@" ;;
     *)        build; tests "$@" ;;
 esac

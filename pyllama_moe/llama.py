@@ -225,9 +225,11 @@ class Llama:
         self._load(seed)
         self._warm: WarmStart | None = None
         self.moe_cache_restored = 0  # experts the warm start filled in at load
+        self.moe_cache_restore_s = 0.0  # the seconds it added to the load
         if moe_cache_state is not None:
             self._warm = WarmStart(moe_cache_state, self._model, self._ctx)
             self.moe_cache_restored = self._warm.restore()
+            self.moe_cache_restore_s = self._warm.restore_s
         self.placement = self._placement()
         if verbose:
             logger.info("%s", backend.system_info().strip())
