@@ -800,9 +800,11 @@ def test_calibrated_weights_route_through_their_subspace(regime: str, small_voca
     reader = read(path)
     assert reader.fields["pyllama_moe.synth.routing"].contents() == regime
     got = tensors(reader)
-    lay = synth_routing.layout(TINY.n_embd, TINY.head_dim, TINY.n_expert, 3, TINY.rope_freq_base,
-                               synth_routing.REGIMES[regime].window)
+    regime_ = synth_routing.REGIMES[regime]
+    lay = synth_routing.layout(TINY.n_embd, TINY.head_dim, TINY.n_expert, 3, TINY.rope_freq_base, regime_.window)
     assert lay.n_bank == 2 and lay.d_new >= 1 and lay.pairs
+    drift = synth_routing.drift_layer(3) if regime_.a_drift else 0  # the drift head's layer (dispersed: the last)
+    assert drift == (2 if regime == "dispersed" else 0)
     emb = values(got["token_embd.weight"])  # [n_vocab, n_embd]
     assert np.allclose(emb[:, lay.c], synth_routing.C_MAG, rtol=1e-3)
     tok_norm = np.linalg.norm(emb[:, lay.tok], axis=1)
@@ -818,17 +820,31 @@ def test_calibrated_weights_route_through_their_subspace(regime: str, small_voca
         want = list(range(lay.bank(il).start, lay.bank(il).stop)) if il < lay.n_bank else []
         assert written.tolist() == want
         out = values(got[f"blk.{il}.attn_output.weight"])  # [n_embd, n_q]
-        if il:
-            assert np.all(out[lay.c:] == 0)
-        else:  # only the recency head (head 0) writes the context dimensions
-            assert np.all(out[lay.c: lay.ctx.start] == 0) and np.all(out[lay.ctx.stop:] == 0)
-            assert np.all(out[lay.ctx, TINY.head_dim:] == 0) and np.any(out[lay.ctx, : TINY.head_dim] != 0)
-    # the recency head's query and key: the constant dimension only, on the window's rotary pairs
-    for name in ("attn_q", "attn_k"):
-        w = values(got[f"blk.0.{name}.weight"])[: TINY.head_dim]
-        assert np.all(np.delete(w, lay.c, axis=1) == 0)
-        pairs = [*lay.pairs, *(p + TINY.head_dim // 2 for p in lay.pairs)]
-        assert np.flatnonzero(w[:, lay.c]).tolist() == sorted(pairs)
+        # only the recency head (head 0 of layer 0) writes the context dimensions, only the drift head (head 0 of the
+        # drift layer, dispersed's) the token dimensions
+        written = lay.ctx if il == 0 else lay.tok if drift and il == drift else slice(lay.c, lay.c)
+        rest = np.ones(TINY.n_embd, dtype=bool)
+        rest[written] = False
+        assert np.all(out[lay.c:][rest[lay.c:]] == 0)
+        assert np.all(out[written, TINY.head_dim:] == 0)
+        assert np.any(out[written, : TINY.head_dim] != 0) == (written.stop > written.start)
+    # the recency heads' query and key: the constant dimension only, on their windows' rotary pairs; their value
+    # reads the token dimensions (layer 0) or the banks of the layers before (the drift head)
+    heads = {0: (lay.pairs, lay.tok)}
+    if drift:
+        heads[drift] = (synth_routing.rotary_pairs(TINY.head_dim, TINY.rope_freq_base, regime_.drift_window),
+                        slice(lay.bank(0).start, lay.bank(drift - 1).stop))
+    for il, (head_pairs, reads) in heads.items():
+        for name in ("attn_q", "attn_k"):
+            w = values(got[f"blk.{il}.{name}.weight"])[: TINY.head_dim]
+            assert np.all(np.delete(w, lay.c, axis=1) == 0)
+            pairs = [*head_pairs, *(p + TINY.head_dim // 2 for p in head_pairs)]
+            assert np.flatnonzero(w[:, lay.c]).tolist() == sorted(pairs)
+        v = values(got[f"blk.{il}.attn_v.weight"])[: TINY.head_dim]
+        assert np.all(np.delete(v, np.arange(reads.start, reads.stop), axis=1) == 0) and np.any(v[:, reads] != 0)
+        # the query norm: ones, the regime's sharpness on the head's rotary dimensions
+        q_norm = values(got[f"blk.{il}.attn_q_norm.weight"])
+        assert np.allclose(q_norm[pairs], regime_.sharpness) and np.all(np.delete(q_norm, pairs) == 1)
     # outside the routing tensors, the calibrated model is the uniform one of its seed
     uni = tensors(read(synth.write_model(tmp_path / "u.gguf", "tiny", seed=4, vocab_path=small_vocab, n_layer=3,
                                          routing="uniform")))
@@ -851,6 +867,17 @@ def test_recency_window_weights() -> None:
     short = synth_routing.window_weights(synth_routing.layout(2048, 128, 128, 48, 1e6,
                                                               synth_routing.REGIMES["dispersed"].window), 1e6)
     assert short[:4].sum() > 0.8 and w[:4].sum() < 0.3
+    # over thousands of tokens the few fast rotary pairs of a short window come back into phase: much of the weight
+    # lies on far tokens (not so realistic's window), unless the scores are sharpened as dispersed sharpens them (its
+    # context and its drift head alike)
+    dispersed = synth_routing.REGIMES["dispersed"]
+    lay = synth_routing.layout(2048, 128, 128, 48, 1e6, dispersed.window)
+    assert synth_routing.window_weights(lay, 1e6, 4096)[:16].sum() < 0.7
+    realistic_lay = synth_routing.layout(2048, 128, 128, 48, 1e6, realistic.window)
+    assert synth_routing.window_weights(realistic_lay, 1e6, 4096)[:64].sum() > 0.9
+    for pairs in (lay.pairs, synth_routing.rotary_pairs(128, 1e6, dispersed.drift_window)):
+        sharp = synth_routing.window_weights(lay, 1e6, 4096, pairs, dispersed.sharpness)
+        assert sharp[:16].sum() > 0.97 and sharp[0] == sharp.max() and sharp[:2].sum() < 0.9
 
 
 @pytest.mark.parametrize("arch", sorted(synth.MOE_ARCHITECTURES))

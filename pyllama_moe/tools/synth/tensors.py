@@ -188,7 +188,9 @@ def plan(
     if routed:
         synth_routing.layout(shape.n_embd, shape.head_dim, shape.n_expert, shape.n_layer, shape.rope_freq_base,
                              synth_routing.REGIMES[routing].window)
-        tensors = tuple(dataclasses.replace(t, init="routed") if _routed_tensor(t.name) else t for t in tensors)
+        regime = synth_routing.REGIMES[routing]
+        tensors = tuple(dataclasses.replace(t, init="routed") if _routed_tensor(t.name, regime, shape.n_layer) else t
+                        for t in tensors)
     if scale_signs == "positive":
         tensors = tuple(dataclasses.replace(t, signed=False) for t in tensors)
     return Plan(shape, etype.name, dtype.name, n_vocab, skew, tensors, scale_signs, routing if routed else "")
@@ -210,11 +212,15 @@ def _routing_signs(routing: str, scale_signs: str, skew: float, shape: Shape) ->
     return want
 
 
-def _routed_tensor(name: str) -> bool:
-    """Whether a calibrated routing regime writes (part of) tensor ``name`` (its router aside)."""
-    recency_head = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
-    return name == "token_embd.weight" or name in recency_head or name.endswith((".attn_output.weight",
-                                                                                ".ffn_down_exps.weight"))
+def _routed_tensor(name: str, regime: synth_routing.Regime, n_layer: int) -> bool:
+    """Whether calibrated routing regime ``regime`` writes (part of) tensor ``name`` (its router aside): the
+    embedding, the recency heads (layer 0's, and the drift head where the regime has a drift), their layers' query
+    norms where it sharpens them, every attention output and expert down projection."""
+    heads = [0, synth_routing.drift_layer(n_layer)] if regime.a_drift and synth_routing.drift_layer(n_layer) else [0]
+    parts = ("attn_q", "attn_k", "attn_v", *(("attn_q_norm",) if regime.sharpness != 1.0 else ()))
+    recency = {f"blk.{il}.{part}.weight" for il in heads for part in parts}
+    return name == "token_embd.weight" or name in recency or name.endswith((".attn_output.weight",
+                                                                            ".ffn_down_exps.weight"))
 
 
 def _check_skew(skew: float, shape: Shape) -> float:

@@ -157,6 +157,11 @@ def _moe_mean_square(shape: Shape, weight_sq: float) -> float:
     return EXPERT_RMS**2 * shape.n_ff_exp * _silu_sq_mean(sigma_g) * sigma_g**2 * weight_sq
 
 
+def _attn_mean_square(shape: Shape) -> float:
+    """What an attention adds to the mean square of each residual dimension (see :func:`_residual_rms`)."""
+    return (DENSE_STD**2 * shape.n_embd_q) * (DENSE_STD**2 * shape.n_embd) * ATTN_MIXING
+
+
 def _residual_rms(shape: Shape) -> list[float]:
     """Predicted root mean square of the token-dependent residual at each layer's MoE input.
 
@@ -165,7 +170,7 @@ def _residual_rms(shape: Shape) -> list[float]:
     shrinks the token-dependent part) and each MoE ``EXPERT_RMS^2 n_ff_exp E[silu(g)^2] E[u^2]
     E[sum w^2]`` to the mean square.
     """
-    attn = (DENSE_STD**2 * shape.n_embd_q) * (DENSE_STD**2 * shape.n_embd) * ATTN_MIXING
+    attn = _attn_mean_square(shape)
     moe = _moe_mean_square(shape, _topk_weight_sq(shape))
     return [math.sqrt(DENSE_STD**2 + (il + 1) * attn + il * moe) for il in range(shape.n_layer)]
 
@@ -218,8 +223,15 @@ def _prepare_routing(p: Plan, seed: int) -> synth_routing.Routing | None:
     # what a layer's experts write into each dimension of its bank, with this layer's (not random) router logits
     new = tuple(math.sqrt(lay.d_new * _moe_mean_square(s, _topk_weight_sq(s, regime.logit_std(il, s.n_layer))))
                 for il in range(s.n_layer))
+    # the RMS of the residual at the drift head's input: the embedding, the context, and the attentions and experts
+    # of the layers before, which write the dimensions outside the subspace (and the experts their banks)
+    ctx = synth_routing.T_MAG / rho0 * synth_routing.context_norm(lay, s.rope_freq_base, sharpness=regime.sharpness)
+    ms = rho0**2 + ctx**2 / s.n_embd
+    for il in range(synth_routing.drift_layer(s.n_layer)):
+        ms += ((_attn_mean_square(s) + new[il] ** 2 / lay.d_new) * lay.c + new[il] ** 2) / s.n_embd
+    drift_in = math.sqrt(ms)
     return synth_routing.Routing(lay, s.n_layer, s.rope_freq_base, rho0, rms, new, functools.partial(_rng, seed),
-                                 regime)
+                                 regime, drift_in)
 
 
 def _routed_chunk(t: TensorPlan, seed: int, chunk: int, r: synth_routing.Routing) -> npt.NDArray[Any]:
@@ -248,18 +260,28 @@ def _routed_chunk(t: TensorPlan, seed: int, chunk: int, r: synth_routing.Routing
     elif t.name.endswith(".attn_output.weight"):  # rows are the residual's dimensions
         sub = rows >= lay.c
         values[sub] = 0.0
+        head = sub & (cols < lay.head_dim)
         if t.name.startswith("blk.0."):  # the recency head (head 0) writes the context dimensions
-            ctx = (rows >= lay.ctx.start) & (rows < lay.ctx.stop) & (cols < lay.head_dim)
+            ctx = head & (rows >= lay.ctx.start) & (rows < lay.ctx.stop)
             values[ctx] = r.output_proj()[rows[ctx] - lay.ctx.start, cols[ctx]]
-    else:  # layer 0's query, key and value: the recency head's rows (kv head 0, and q head 0)
+        elif r.drift_layer and _layer_of(t.name) == r.drift_layer:  # the drift head writes the token dimensions
+            tok = head & (rows >= lay.tok.start) & (rows < lay.tok.stop)
+            values[tok] = r.drift_output()[rows[tok] - lay.tok.start, cols[tok]]
+    elif t.name.endswith(".attn_q_norm.weight"):  # a recency head's layer: its rotary dimensions sharpened
+        pairs = lay.pairs if t.name.startswith("blk.0.") else r.drift_pairs
+        values = synth_routing.query_norm(lay, pairs, r.regime.sharpness)[idx]
+    else:  # the query, key and value of a recency head (kv head 0, and q head 0): layer 0's, the drift head's
         head = rows < lay.head_dim
         values[head] = 0.0
+        drift = not t.name.startswith("blk.0.")
         if t.name.endswith("attn_v.weight"):
-            tok = head & (cols >= lay.tok.start) & (cols < lay.tok.stop)
-            values[tok] = r.value_proj()[rows[tok], cols[tok] - lay.tok.start]
+            src = r.drift_banks if drift else lay.tok
+            sel = head & (cols >= src.start) & (cols < src.stop)
+            proj = r.drift_value() if drift else r.value_proj()
+            values[sel] = proj[rows[sel], cols[sel] - src.start]
         else:
             at_c = head & (cols == lay.c)
-            values[at_c] = synth_routing.recency_query(lay)[rows[at_c]]
+            values[at_c] = synth_routing.recency_query(lay, r.drift_pairs if drift else None)[rows[at_c]]
     return values.astype(out.dtype)
 
 
