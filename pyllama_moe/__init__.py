@@ -25,14 +25,15 @@ __version__ = _version()
 # built on first use (module ``__getattr__``), since the low-level names are known only once the native library is
 # loaded
 _PUBLIC = [
-    "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaDiskCache", "LlamaError", "LlamaGrammar",
-    "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList", "ModelLoadError", "MoeCacheStats",
-    "StoppingCriteriaList", "__version__", "bin_file", "data_file",
+    "AdaptiveDraft", "ClosedError", "ContextError", "DecodeError", "Llama", "LlamaCache", "LlamaDiskCache",
+    "LlamaError", "LlamaGrammar", "LlamaRAMCache", "LlamaState", "LlamaTokenizer", "LogitsProcessorList",
+    "ModelLoadError", "MoeCacheStats", "StoppingCriteriaList", "__version__", "bin_file", "data_file",
 ]
 
 # llama-cpp-python's public names, imported on first use (``import pyllama_moe`` stays cheap and
 # loads no native code)
 _LAZY = {
+    "AdaptiveDraft": "pyllama_moe.draft_adapt",
     "Llama": "pyllama_moe.llama",
     "LlamaGrammar": "pyllama_moe.grammar",
     "MoeCacheStats": "pyllama_moe.moe",

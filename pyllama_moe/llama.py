@@ -23,6 +23,7 @@ from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import Completion, make_request
 from pyllama_moe.context import Context
+from pyllama_moe.draft_adapt import AdaptiveDraft
 from pyllama_moe.errors import ClosedError, LlamaError
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
@@ -122,6 +123,7 @@ class Llama:
         chat_format: str | None = None,
         chat_handler: Any = None,
         draft_model: Any = None,
+        draft_adapt: bool = False,
         tokenizer: Any = None,
         # KV cache
         type_k: int | str | None = None,
@@ -147,6 +149,9 @@ class Llama:
         MoE and placement keywords (llama.cpp's options of the same meaning):
             moe_cache_mib: device cache in MiB for the experts kept in host memory (0 off; ``"auto"``:
                 what the GPUs have left, measured); ignored with a warning without a GPU.
+            draft_adapt: verify of each proposal of ``draft_model`` only the part that gives the most tokens a
+                second, from the verifications' measured times and the draft's measured acceptance (none where a
+                draft does not pay: with a MoE cache a verification looks up the union of its tokens' experts).
             moe_cache_predict: after each device lookup of a decode step, copy at most this many of the experts
                 that the next MoE layer is predicted to select (None: the library's default, 2; 0: off).
             moe_cache_state: a warm-start file (``python -m pyllama_moe calibrate``, or the last run's): at load
@@ -181,7 +186,11 @@ class Llama:
         if draft_model is not None and not callable(draft_model):
             raise ValueError("draft_model must be a LlamaDraftModel (a callable of the input ids), "
                              f"got {draft_model!r}")
-        self.draft_model = draft_model
+        if not isinstance(draft_adapt, bool):
+            raise ValueError(f"draft_adapt must be True or False, got {draft_adapt!r}")
+        if draft_adapt and draft_model is None:
+            raise ValueError("draft_adapt=True needs a draft_model")
+        self.draft_model = AdaptiveDraft(draft_model) if draft_adapt else draft_model
         if moe_cache_state is not None and not isinstance(moe_cache_state, (str, os.PathLike)):
             raise TypeError(f"moe_cache_state must be a path, got {moe_cache_state!r}")
         self.verbose = verbose

@@ -13,6 +13,9 @@ other tokens (every one rejected: a verification of size + 1 tokens per token). 
 prompt: on a random-weight model (``synth``) prompt lookup finds almost nothing to propose, as the text it generates
 is not its prompt's, but the bounds measure what verifications cost with the MoE cache.
 
+Each draft also runs with its size chosen by ``Llama(draft_adapt=True)``'s rule (``lookup-adapt``, ``wrong-adapt``:
+:class:`pyllama_moe.draft_adapt.AdaptiveDraft`), which should be no slower than no draft.
+
 Only the public API, as the bench's worker (:mod:`.worker`, whose child process runs this).
 """
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from pyllama_moe import LlamaDraftModel, LlamaPromptLookupDecoding
+from pyllama_moe import AdaptiveDraft, LlamaDraftModel, LlamaPromptLookupDecoding
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyllama_moe import Llama, MoeCacheStats
@@ -109,16 +112,20 @@ def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None) -> d
     return {"device_lookups": sum(device), "host_lookups": sum(host), "misses": device[1] + host[1]}
 
 
-DRAFTERS = ("lookup", "replay", "wrong")  # prompt lookup; Replay of the text generated without a draft, or wrong
+# prompt lookup; Replay of the text generated without a draft, or wrong; "-adapt": the same, its size chosen by
+# Llama(draft_adapt=True)'s rule (AdaptiveDraft). Without bounds, the first two run
+DRAFTERS = ("lookup", "lookup-adapt", "replay", "wrong", "wrong-adapt")
 
 
 def drafter(drafted_by: str, k: int, reference: Sequence[int], n_vocab: int) -> LlamaDraftModel:
     """The draft model of :data:`DRAFTERS` proposing up to ``k`` tokens (``reference``: the prompt and the text
     generated after it without a draft, for the :class:`Replay` ones)."""
-    if drafted_by == "lookup":
-        return LlamaPromptLookupDecoding(num_pred_tokens=k)
     if drafted_by not in DRAFTERS:
         raise ValueError(f"drafted_by must be one of {', '.join(DRAFTERS)}, got {drafted_by!r}")
+    if drafted_by.endswith("-adapt"):
+        return AdaptiveDraft(drafter(drafted_by.removesuffix("-adapt"), k, reference, n_vocab))
+    if drafted_by == "lookup":
+        return LlamaPromptLookupDecoding(num_pred_tokens=k)
     return Replay(reference, k, n_vocab, wrong=drafted_by == "wrong")
 
 
@@ -176,7 +183,7 @@ def generate_with_drafts(llm: Llama, code: Sequence[int], n: int, drafts: Sequen
         reference = llm.input_ids[: llm.n_tokens].tolist()  # the prompt and the text generated, but its last token
         out.append(plain)
         for d in drafts:
-            for by in DRAFTERS if bounds else DRAFTERS[:1]:
+            for by in DRAFTERS if bounds else DRAFTERS[:2]:
                 g = {"prompt": kind, **generate(llm, prompt, n, d, by, reference)}
                 g["same_text"] = g["digest"] == plain["digest"]
                 out.append(g)

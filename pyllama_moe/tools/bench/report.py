@@ -80,7 +80,8 @@ def column(r: Row) -> str:
 
 def generate_label(n: int, prompt: str, draft: int = 0, drafted_by: str = "lookup") -> str:
     """The label of a --draft generation row: ``gen<n> <prompt>``, with a draft ``draft <size> <drafted by>``
-    appended (``lookup``, ``replay`` or ``wrong``: :data:`.draft.DRAFTERS`); :func:`generate_parts` reads it."""
+    appended (``lookup``, ``replay``, ``wrong``, with ``-adapt``: :data:`.draft.DRAFTERS`); :func:`generate_parts`
+    reads it."""
     return f"gen{n} {prompt}" + (f" draft {draft} {drafted_by}" if draft else "")
 
 
