@@ -37,6 +37,12 @@ VARIANTS = [
 ]
 
 
+def tiny(tmp_path: Path, arch: str, **shape: Any) -> Path:
+    # skewed routing (a few hot experts) where synth writes it, uniform otherwise
+    skew = 1.0 if arch in ("qwen3moe", "gpt-oss") else 0.0
+    return synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, skew=skew, seed=9, **shape)
+
+
 def run(monkeypatch: pytest.MonkeyPatch, path: Path, cache_bytes: int, device: str, predict: str,
         env: dict[str, str]) -> tuple[list[int], np.ndarray]:
     for k in ("LLAMA_MOE_CACHE_SEED", "LLAMA_MOE_CACHE_PREFETCH"):
@@ -62,10 +68,7 @@ def check_switches(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_architecture_identical_across_switches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, arch: str) -> None:
-    # skewed routing (a few hot experts) where synth writes it, uniform otherwise
-    skew = 1.0 if arch in ("qwen3moe", "gpt-oss") else 0.0
-    path = synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, skew=skew, seed=9)
-    check_switches(monkeypatch, path)
+    check_switches(monkeypatch, tiny(tmp_path, arch))
 
 
 @pytest.mark.parametrize("n_expert", [60, 64, 128, 160, 256, 384])
@@ -77,12 +80,6 @@ def test_expert_counts_identical_across_switches(monkeypatch: pytest.MonkeyPatch
 
 
 SIZES = [1, 2, 8, 9, 32]  # decode ubatches in turn: within the device lookup's 32 tokens where the cache allows
-
-
-def tiny(tmp_path: Path, arch: str, **shape: Any) -> Path:
-    # skewed routing (a few hot experts) where synth writes it, uniform otherwise
-    skew = 1.0 if arch in ("qwen3moe", "gpt-oss") else 0.0
-    return synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, skew=skew, seed=9, **shape)
 
 
 def chunks(monkeypatch: pytest.MonkeyPatch, path: Path, cache_bytes: int, device: str,
