@@ -33,14 +33,17 @@ class Proposes(LlamaDraftModel):
 def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pyllama_moe.tools import synth
 
+    # 64 experts, 2 a token: a cache of half of them serves ubatches of up to 32 tokens on the device
     return synth.write_model(tmp_path_factory.mktemp("draft") / "qwen3moe.gguf", "tiny", arch="qwen3moe", skew=1.0,
-                             seed=9)
+                             seed=9, n_expert=64, n_expert_used=2)
 
 
 def generate(path: Path, k: int | None) -> tuple[str, Any, int]:
     draft = Proposes(k) if k else None
-    # a cache holding every expert: the device lookup serves ubatches of up to 32 tokens
-    with Llama(str(path), n_ctx=512, n_gpu_layers=-1, cpu_moe=True, moe_cache_mib=16, draft_model=draft,
+    from pyllama_moe.gguf_info import GGUFInfo
+
+    cache_mib = GGUFInfo.read(path).expert_bytes / 2 / 2**20
+    with Llama(str(path), n_ctx=512, n_gpu_layers=-1, cpu_moe=True, moe_cache_mib=cache_mib, draft_model=draft,
                verbose=False) as llm:
         before = llm.moe_cache_stats()
         text = llm.create_completion(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
