@@ -42,9 +42,11 @@ if not MODEL.exists():
 
     synth.write_model(MODEL, "tiny", seed=5)
 
-SAMPLING: dict[str, dict[str, Any]] = {"greedy": {"temperature": 0}, "sampled": {"temperature": 0.8, "top_p": 0.95, "top_k": 40,
-                                                        "repeat_penalty": 1.1, "seed": 42},
-            "logprobs": {"temperature": 0, "logprobs": 2}}
+SAMPLING: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0},
+    "sampled": {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "repeat_penalty": 1.1, "seed": 42},
+    "logprobs": {"temperature": 0, "logprobs": 2},
+}
 
 
 def thread_cpu() -> dict[tuple[int, str], float]:
@@ -95,7 +97,8 @@ def server(n: int, mode: str) -> None:
 
     from fixtures.server import Running  # type: ignore[import-not-found]
 
-    kw: dict[str, Any] = {"n_ctx": 512 * n, "n_batch": 64, "n_ubatch": 64, "verbose": False, "n_parallel": n, "max_queue": 64}
+    kw: dict[str, Any] = {"n_ctx": 512 * n, "n_batch": 64, "n_ubatch": 64, "verbose": False, "n_parallel": n,
+                          "max_queue": 64}
     r = Running(create_app(ServerSettings(), [ModelSettings(model=str(MODEL), model_alias="tiny", **kw)]))
     try:
         temp = SAMPLING[mode].get("temperature", 0)
