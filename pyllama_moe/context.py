@@ -101,6 +101,12 @@ class Context:
         p = check_ptr(lib.llama_get_logits(self.ptr), LlamaError, "no logits")
         return np.frombuffer(ffi.buffer(p, 4 * self.n_vocab * n), dtype=np.float32).reshape(n, self.n_vocab).copy()
 
+    def logits_view(self, n: int) -> np.ndarray:
+        """The logits of the last decode's ``n`` outputs, in batch order (n x n_vocab): the context's own buffer, not
+        a copy, valid until the next decode (the parallel slots read each output's row in place; never write it)."""
+        p = check_ptr(lib.llama_get_logits(self.ptr), LlamaError, "no logits")
+        return np.frombuffer(ffi.buffer(p, 4 * self.n_vocab * n), dtype=np.float32).reshape(n, self.n_vocab)
+
     def embeddings_ith(self, i: int) -> np.ndarray:
         p = check_ptr(lib.llama_get_embeddings_ith(self.ptr, i), LlamaError,
                       f"no embeddings for output {i} (create the Llama with embedding=True)")

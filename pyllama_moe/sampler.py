@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,11 +79,22 @@ class Sampler:
         self.n_vocab = vocab.n_tokens
         self._cur: Any = None
         self._failed = ffi.new("bool *")
-        # greedy alone (no bias, penalties or grammar: nothing before it changes the logits and it keeps no state):
-        # the first largest logit, read in place; llama_sampler_sample would copy all n_vocab of them into
-        # token data first, a third of a millisecond per token with a 150k vocabulary
-        self._argmax = (params.greedy and not params.logit_bias and params.grammar is None and not _penalized(params)
+        # greedy with nothing before it but llama.cpp's repeat penalty (no bias, grammar, frequency or presence
+        # penalty): the token is read in Python from the output's logits in place, the penalized ones changed in a
+        # copy as llama.cpp's penalties sampler changes them (the same float32 operations), the first largest taken;
+        # llama_sampler_sample would copy all n_vocab of them into token data first, a third of a millisecond per
+        # token with a 150k vocabulary, half a millisecond with the penalties
+        p = params
+        last_n = max(p.penalty_last_n, 0)  # llama_sampler_init_penalties's
+        repeat = np.float32(p.repeat_penalty)  # the float the chain holds
+        others = np.float32(p.frequency_penalty) != 0.0 or np.float32(p.presence_penalty) != 0.0
+        self._argmax = (p.greedy and not p.logit_bias and p.grammar is None and not (last_n > 0 and others)
                         and os.environ.get("PYLLAMA_MOE_GREEDY_ARGMAX", "1") != "0")
+        self._penalty: np.float32 | None = repeat if self._argmax and last_n > 0 and repeat != 1.0 else None
+        self._recent: deque[int] = deque(maxlen=last_n or 1)  # the tokens the penalties count (the chain's ring)
+        self._counts: dict[int, int] = {}
+        self._native_behind = False  # the argmax path took tokens the chain's penalties did not see
+        self._work: np.ndarray | None = None  # the penalized copy of the logits
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         self._ptr = chain
         try:
@@ -132,22 +144,65 @@ class Sampler:
     def ptr(self) -> Any:
         return check_closed(self._ptr, "sampler")
 
-    def sample(self, ctx: Context, idx: int = -1) -> int:
-        """Sample from output ``idx`` of the context's last decode and accept the token: one call."""
+    def sample(self, ctx: Context, idx: int = -1, logits: np.ndarray | None = None) -> int:
+        """Sample from output ``idx`` of the context's last decode and accept the token: one call. ``logits``: that
+        output's logits when the caller has them already (a view of the context's outputs, not written)."""
         ptr = self.ptr  # raises once the sampler is closed (cffi would pass None on as NULL)
         ctx_ptr = ctx.ptr  # and once the context is
         if self._argmax:
-            p = lib.llama_get_logits_ith(ctx_ptr, idx)
-            if p == ffi.NULL:  # llama_sampler_sample would abort the process
-                raise LlamaError(f"no logits for output {idx}")
-            logits = np.frombuffer(ffi.buffer(p, 4 * self.n_vocab), dtype=np.float32)
-            token = int(logits.argmax())
-            if not math.isnan(logits[token]):  # greedy's comparisons pass over a NaN, argmax stops at it
+            if logits is None:
+                p = lib.llama_get_logits_ith(ctx_ptr, idx)
+                if p == ffi.NULL:  # llama_sampler_sample would abort the process
+                    raise LlamaError(f"no logits for output {idx}")
+                logits = np.frombuffer(ffi.buffer(p, 4 * self.n_vocab), dtype=np.float32)
+            token = self._greedy(logits)
+            if token is not None:
+                self._remember(token)
+                self._native_behind = self._penalty is not None
                 return token
+        self._sync_native()
         mark = native_mark()
-        token = lib.pyllama_moe_sampler_sample(ptr, ctx_ptr, idx, self._failed)
+        token = int(lib.pyllama_moe_sampler_sample(ptr, ctx_ptr, idx, self._failed))
         self._check(mark)
-        return int(token)
+        self._remember(token)
+        return token
+
+    def _greedy(self, logits: np.ndarray) -> int | None:
+        """The first largest logit after the repeat penalty; None where it is NaN (llama.cpp's greedy sampler passes
+        over a NaN, argmax stops at it: the chain decides)."""
+        if self._penalty is not None and self._counts:
+            if self._work is None:
+                self._work = np.empty(self.n_vocab, dtype=np.float32)
+            work = self._work
+            np.copyto(work, logits)
+            ids = np.fromiter(self._counts, dtype=np.intp, count=len(self._counts))
+            v = work[ids]
+            # llama.cpp: a logit <= 0 is multiplied by the penalty, a larger one divided (NaN: divided)
+            work[ids] = np.where(v <= 0, v * self._penalty, v / self._penalty)
+            logits = work
+        token = int(logits.argmax())
+        return None if math.isnan(logits[token]) else token
+
+    def _sync_native(self) -> None:
+        """The chain's penalties count the tokens the argmax path took: reset, they accept the last ones again."""
+        if self._native_behind:
+            self._native_behind = False
+            lib.llama_sampler_reset(self.ptr)
+            for t in self._recent:
+                self._accept_native(t)
+
+    def _remember(self, token: int) -> None:
+        """The penalties' count of the last ``penalty_last_n`` tokens accepted (as the chain's ring buffer)."""
+        if self._penalty is None:
+            return
+        recent, counts = self._recent, self._counts
+        if len(recent) == recent.maxlen:
+            old = recent[0]
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+        recent.append(token)
+        counts[token] = counts.get(token, 0) + 1
 
     def _check(self, mark: int) -> None:
         # the shim turned an exception of the chain into failed: a grammar that accepts no token
@@ -169,6 +224,7 @@ class Sampler:
         self._view["id"] = np.arange(self.n_vocab, dtype=np.int32)
         self._view["logit"] = logits
         self._view["p"] = 0.0
+        self._sync_native()
         arr = self._arr
         arr.data, arr.size, arr.selected, arr.sorted = self._cur, self.n_vocab, -1, False
         lib.llama_sampler_apply(self.ptr, arr)
@@ -179,12 +235,19 @@ class Sampler:
         return token
 
     def accept(self, token: int) -> None:
+        self._accept_native(token)
+        self._remember(token)
+
+    def _accept_native(self, token: int) -> None:
         mark = native_mark()
         lib.pyllama_moe_sampler_accept(self.ptr, token, self._failed)
         self._check(mark)
 
     def reset(self) -> None:
         lib.llama_sampler_reset(self.ptr)
+        self._recent.clear()
+        self._counts.clear()
+        self._native_behind = False
 
     def close(self) -> None:
         ptr, self._ptr = self._ptr, None

@@ -23,12 +23,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import ENDED, LAST, Completion
 from pyllama_moe.context import Context
 from pyllama_moe.errors import ClosedError, LlamaError
-from pyllama_moe.moe import MoeCacheStats
 from pyllama_moe.sampler import Sampler
 from pyllama_moe.session import Session
 
@@ -105,7 +106,6 @@ class SlotStats:
     request_tps_sum: float = 0.0  # the finished requests' tokens per second, summed
     last_request_tps: float = 0.0
     ttft_seconds_sum: float = 0.0
-    step_hit_rate: float | None = None  # the MoE cache's hits over lookups in the last step that looked up
 
 
 class Slots:
@@ -130,8 +130,7 @@ class Slots:
         self._wake = threading.Condition()
         self._closed = False
         self._moves = -1  # the session's count of moves after the last step: another call moved the context
-        self._moe: MoeCacheStats | None = None
-        self._has_moe_cache = True
+        self._events: list[tuple[Job, Any]] = []  # the step's, handed over at its end
         self._thread = threading.Thread(target=self._loop, name="pyllama_moe-slots", daemon=True)
         self._thread.start()
 
@@ -190,6 +189,12 @@ class Slots:
                     return
 
     def _step(self) -> None:
+        try:
+            self._step_slots()
+        finally:
+            self._flush()
+
+    def _step_slots(self) -> None:
         session = self.session
         if session.moves != self._moves:  # the owner's own calls used the context: the slots' ranges are gone
             for s in self.slots:
@@ -203,9 +208,10 @@ class Slots:
         if rows is not None:
             self.ctx.decode(self._batch)
             self.stats.steps += 1
-            self._moe_step()
-            for slot, row in rows:
-                self._sample(slot, row)
+            # the outputs' logits read in place, one call for the step: the j-th output is rows[j]'s
+            logits = self.ctx.logits_view(len(rows))
+            for j, (slot, row) in enumerate(rows):
+                self._sample(slot, row, logits[j])
         if session.n_tokens:  # the single-request path's tokens are gone from sequence 0
             session.reset()
         self._moves = session.moves
@@ -288,13 +294,14 @@ class Slots:
             del s.pending[:n]
         return rows
 
-    def _sample(self, slot: _Slot, row: int) -> None:
+    def _sample(self, slot: _Slot, row: int, out: np.ndarray) -> None:
+        """Sample the slot's token from its output (batch index ``row``, logits ``out``: a view, valid in this step)."""
         job, sampler = slot.job, slot.sampler
         assert job is not None and sampler is not None
         completion = job.completion
         try:
-            token = sampler.sample(self.ctx, row)
-            logits = self.ctx.logits_ith(row) if completion.lp is not None else None
+            token = sampler.sample(self.ctx, row, out)
+            logits = out if completion.lp is not None else None  # read by accept (logprobs), not kept
         except BaseException as e:  # noqa: BLE001 - a grammar with no way on fails its own request only
             self._finish(slot, e)
             return
@@ -308,7 +315,7 @@ class Slots:
             if job.stream:
                 chunk = completion.step_chunk()
                 if chunk is not None:
-                    job.events.put(chunk)
+                    self._emit(job, chunk)
         if took == ENDED or took == LAST:
             self._finish(slot, None)
         elif len(slot.tokens) >= self.n_ctx:  # the slot's share of the context is full
@@ -329,22 +336,34 @@ class Slots:
             return
         job.t_end = time.perf_counter()
         if error is not None:
-            job.events.put(error)
+            self._emit(job, error)
         else:
             if job.stream and not job.cancelled.is_set():
                 for chunk in job.completion.final_chunks():
-                    job.events.put(chunk)
+                    self._emit(job, chunk)
             tps = job.tokens_per_second
             self.stats.requests += 1
             self.stats.request_tps_sum += tps
             self.stats.last_request_tps = tps
-        job.events.put(_END)
+        self._emit(job, _END)
+
+    def _emit(self, job: Job, item: Any) -> None:
+        """An event of ``job``, handed over when the step ends (``_flush``)."""
+        self._events.append((job, item))
+
+    def _flush(self) -> None:
+        """The step's events to their readers, together once the step's work is done: a reader woken by its token
+        while the step still samples other slots would contend with it for the interpreter."""
+        events, self._events = self._events, []
+        for job, item in events:
+            job.events.put(item)
 
     def _fail_all(self, error: BaseException) -> None:
         for s in self.slots:
             if s.job is not None:
                 self._finish(s, error)
             s.tokens = []
+        self._flush()
         with self._wake:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
@@ -352,17 +371,3 @@ class Slots:
             job.events.put(_END)
         with contextlib.suppress(Exception):
             self.ctx.memory_clear()
-
-    def _moe_step(self) -> None:
-        """The MoE cache's hit rate of the step just decoded (nothing without a cache)."""
-        if not self._has_moe_cache:
-            return
-        now = self.ctx.moe_cache_stats()
-        if now is None:  # no cache: not read again
-            self._has_moe_cache = False
-            return
-        if self._moe is not None:
-            hits, misses = (now - self._moe).hits("small", "large", "device")
-            if hits + misses:
-                self.stats.step_hit_rate = hits / (hits + misses)
-        self._moe = now

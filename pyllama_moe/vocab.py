@@ -54,6 +54,10 @@ class Vocab:
         self._ptr = lib.llama_model_get_vocab(model.ptr)
         self._buf = ffi.new("char[]", 64)
         self.n_tokens = int(lib.llama_vocab_n_tokens(self._ptr))
+        # each token's piece and end-of-generation flag once read (at most n_vocab entries): generation asks for
+        # both at every token, a call into the library each that the parallel slots' step makes for every slot
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     @property
     def ptr(self) -> Any:
@@ -98,7 +102,13 @@ class Vocab:
         return bool(lib.llama_vocab_get_add_eos(self.ptr))
 
     def is_eog(self, token: int) -> bool:
-        return bool(lib.llama_vocab_is_eog(self.ptr, token))
+        ptr = self.ptr  # raises once closed, cached or not
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = bool(lib.llama_vocab_is_eog(ptr, token))
+            if 0 <= token < self.n_tokens:
+                self._eog[int(token)] = eog
+        return eog
 
     def is_control(self, token: int) -> bool:
         return bool(lib.llama_vocab_is_control(self.ptr, token))
@@ -138,13 +148,20 @@ class Vocab:
             cap = -n
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        """One token's bytes (``llama_token_to_piece``): one call into the library."""
-        ptr = self.ptr
+        """One token's bytes (``llama_token_to_piece``): a call into the library the first time."""
+        ptr = self.ptr  # raises once closed, cached or not
+        if not special:
+            piece = self._pieces.get(token)
+            if piece is not None:
+                return piece
         n = lib.llama_token_to_piece(ptr, token, self._buf, len(self._buf), 0, special)
         if n < 0:
             self._buf = ffi.new("char[]", -n)
             n = lib.llama_token_to_piece(ptr, token, self._buf, -n, 0, special)
-        return ffi.unpack(self._buf, n)
+        piece = ffi.unpack(self._buf, n)
+        if not special and 0 <= token < self.n_tokens:
+            self._pieces[int(token)] = piece
+        return piece
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
         """The pieces joined, as llama-cpp-python does (a leading space after BOS is dropped)."""

@@ -138,9 +138,9 @@ def _chat_args(body: ChatRequest) -> dict[str, Any]:
     return args
 
 
-def _slot_metrics(m: ServedModel, label: str) -> list[str]:
+def _slot_metrics(m: ServedModel, label: str, cache: Any) -> list[str]:
     """Slots busy, the queue, and with parallel slots their aggregate and per-request speed, the time to the first
-    token and the MoE cache's hit rate in the last step."""
+    token and the MoE cache's hit rate since the last read of ``/metrics`` (``cache``: its counts now, or None)."""
     info = m.slot_info()
     lines = [f"pyllama_moe_slots_total{label} {info['n_parallel']}",
              f"pyllama_moe_slots_busy{label} {info['slots_busy']}",
@@ -161,8 +161,9 @@ def _slot_metrics(m: ServedModel, label: str) -> list[str]:
         f"pyllama_moe_time_to_first_token_seconds_mean{label} "
         f"{s.ttft_seconds_sum / s.requests if s.requests else 0:.6f}",
     ]
-    if s.step_hit_rate is not None:
-        lines.append(f"pyllama_moe_moe_cache_step_hit_rate{label} {s.step_hit_rate:.4f}")
+    rate = m.moe_hit_rate_since_read(cache)
+    if rate is not None:
+        lines.append(f"pyllama_moe_moe_cache_step_hit_rate{label} {rate:.4f}")
     return lines
 
 
@@ -307,9 +308,9 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
                 f"pyllama_moe_busy_seconds_total{label} {busy:.6f}",
                 f"pyllama_moe_tokens_per_second{label} {s.completion_tokens / busy if busy else 0:.3f}",
             ]
-            lines += _slot_metrics(m, label)
             stats = getattr(m.llama, "moe_cache_stats", None)
             cache = stats() if callable(stats) else None
+            lines += _slot_metrics(m, label, cache)
             if cache is not None:  # over every lookup path
                 hits, misses = cache.hits("small", "large", "device")
                 if hits + misses:

@@ -64,6 +64,8 @@ class ServedModel:
     n_ctx: int | None = None
     in_flight: int = 0  # requests admitted and not ended (running and waiting)
     executor: ThreadPoolExecutor | None = None  # the streams' producers, one thread for each request admitted
+    moe_read: Any = None  # the MoE cache's counts at the last /metrics read
+    moe_hit_rate: float | None = None  # their hits over lookups between the last two reads that looked up
 
     def __post_init__(self) -> None:
         n_ctx = getattr(self.llama, "n_ctx", None)
@@ -126,6 +128,18 @@ class ServedModel:
                 return fn(self.llama)
             finally:
                 self.stats.busy_seconds += time.perf_counter() - t0
+
+    def moe_hit_rate_since_read(self, now: Any) -> float | None:
+        """With parallel slots, the MoE cache's hits over lookups between the last read of its counts (or its start)
+        and ``now`` (the value of the last reads that looked up, if none since): the steps do not read the counts
+        themselves (on a GPU each read waits for the device). None without a cache."""
+        if not self.parallel or now is None:
+            return None
+        hits, misses = (now - self.moe_read if self.moe_read is not None else now).hits("small", "large", "device")
+        if hits + misses:
+            self.moe_hit_rate = hits / (hits + misses)
+        self.moe_read = now
+        return self.moe_hit_rate
 
     def count(self, usage: dict[str, int] | None) -> None:
         self.stats.requests += 1

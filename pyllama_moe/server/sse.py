@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -13,6 +14,41 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pyllama_moe.server.model import ServedModel
 
 _DONE = object()
+
+
+class _Handoff:
+    """Items from the producers' threads to their queues on the event loop, with one wake-up of the loop for all
+    those that came since it last ran: with parallel slots every stream gets its token at the end of the same step,
+    and a wake-up (and a turn of the loop) per token would take the interpreter from the step that follows."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue[Any], Any]] = []
+
+    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        with self.lock:
+            self.items.append((queue, item))
+            if len(self.items) > 1:  # a wake-up is on its way
+                return
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+_handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Handoff] = weakref.WeakKeyDictionary()
+
+
+def _handoff(loop: asyncio.AbstractEventLoop) -> _Handoff:
+    """The loop's ``_Handoff`` (called on the loop's thread)."""
+    h = _handoffs.get(loop)
+    if h is None:
+        h = _handoffs[loop] = _Handoff(loop)
+    return h
 
 
 async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, Any]]],
@@ -24,18 +60,19 @@ async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, An
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     gone = threading.Event()
+    handoff = _handoff(loop)
 
     def produce(llama: Any) -> None:
         it: Any = None
         try:
             it = make(llama)
             for chunk in it:
-                loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                handoff.put(queue, chunk)
                 model.stats.completion_tokens += 1
                 if gone.is_set() or model.stop.is_set():
                     break
         except Exception as e:  # noqa: BLE001 - reported to the client as an SSE error event
-            loop.call_soon_threadsafe(queue.put_nowait, e)
+            handoff.put(queue, e)
         finally:
             close = getattr(it, "close", None)
             if close is not None:
@@ -46,7 +83,7 @@ async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, An
             model.stats.requests += 1
             if done is not None:
                 done()
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            handoff.put(queue, _DONE)
 
     worker = loop.run_in_executor(model.executor, model.run, produce)
     first = await queue.get()

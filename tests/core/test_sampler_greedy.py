@@ -1,5 +1,6 @@
-"""Greedy sampling alone reads the largest logit in place (the Sampler's argmax path): the token is
-llama.cpp's greedy sampler's (PYLLAMA_MOE_GREEDY_ARGMAX=0) for any logits, ties, infinities and NaN included."""
+"""Greedy sampling alone, or after the repeat penalty, reads the largest logit in place (the Sampler's argmax path):
+the token is llama.cpp's greedy sampler's (PYLLAMA_MOE_GREEDY_ARGMAX=0) for any logits, ties, infinities and NaN
+included, and with the penalty the chain's over the tokens it has seen."""
 
 from __future__ import annotations
 
@@ -95,7 +96,63 @@ def test_argmax_is_llama_cpp_s_greedy_token(llm: Llama, monkeypatch: pytest.Monk
         ref.close()
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0, repeat_penalty=1.1),
+def edit_negative(x: np.ndarray) -> None:  # a penalized logit <= 0 is multiplied
+    x[:] = -np.abs(x) - 1
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS) + ["negative"])
+def test_argmax_after_the_repeat_penalty_is_the_chain_s_token(llm: Llama, monkeypatch: pytest.MonkeyPatch,
+                                                               edit: str) -> None:
+    params = SamplingParams(temperature=0, repeat_penalty=1.3, penalty_last_n=3)
+    fast, ref = (sampler(llm, params, monkeypatch, argmax) for argmax in (True, False))
+    assert fast._argmax and not ref._argmax
+    p = lib.llama_get_logits_ith(llm._ctx.ptr, -1)
+    logits = np.frombuffer(ffi.buffer(p, 4 * llm.n_vocab()), dtype=np.float32)
+    saved = logits.copy()
+    try:
+        (EDITS.get(edit) or edit_negative)(logits)
+        edited = logits.copy()
+        best = [int(t) for t in np.argsort(-np.nan_to_num(edited, nan=-np.inf), kind="stable")[:3]]
+        for t in (best[0], best[1], best[0]):  # seen by both: the penalties count them
+            fast.accept(t)
+            ref.accept(t)
+        tokens = []
+        for _ in range(8):  # each token sampled is penalized next, the oldest of the last 3 no more
+            token = fast.sample(llm._ctx, -1)
+            assert token == ref.sample(llm._ctx, -1)
+            tokens.append(token)
+        if edit in ("as decoded", "negative"):  # the penalty moves the greedy token
+            assert len(set(tokens)) > 1
+        np.testing.assert_array_equal(logits, edited)  # read, never written
+    finally:
+        logits[:] = saved
+        fast.close()
+        ref.close()
+
+
+def test_a_nan_after_penalized_argmax_tokens_goes_to_the_chain_with_them(llm: Llama,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    params = SamplingParams(temperature=0, repeat_penalty=1.5, penalty_last_n=8)
+    fast, ref = (sampler(llm, params, monkeypatch, argmax) for argmax in (True, False))
+    p = lib.llama_get_logits_ith(llm._ctx.ptr, -1)
+    logits = np.frombuffer(ffi.buffer(p, 4 * llm.n_vocab()), dtype=np.float32)
+    saved = logits.copy()
+    try:
+        logits[:] = -np.inf
+        logits[:5] = [5.0, 4.9, 4.8, 4.7, 4.0]
+        taken = [fast.sample(llm._ctx, -1) for _ in range(3)]  # the argmax path: 0, then 1 and 2 (0 penalized)
+        assert taken == [ref.sample(llm._ctx, -1) for _ in range(3)] == [0, 1, 2]
+        logits[3] = np.nan  # argmax stops at it: the chain decides, having seen 0, 1 and 2 (alone it would take 0)
+        token = fast.sample(llm._ctx, -1)
+        assert token == ref.sample(llm._ctx, -1) == 4
+        assert fast.sample(llm._ctx, -1) == ref.sample(llm._ctx, -1)
+    finally:
+        logits[:] = saved
+        fast.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, repeat_penalty=1.1, frequency_penalty=0.1),
                                     SamplingParams(temperature=0, presence_penalty=0.5),
                                     SamplingParams(temperature=0, logit_bias={5: 1.0}),
                                     SamplingParams(temperature=0, grammar='root ::= "a"'),

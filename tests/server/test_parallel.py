@@ -279,3 +279,23 @@ def test_settings() -> None:
     for bad in ({"n_parallel": 0}, {"n_parallel": 257}, {"max_queue": -1}, {"n_parallel": 65, "n_batch": 64}):
         with pytest.raises(ValidationError):
             ModelSettings(model="m.gguf", **bad)
+
+
+def test_the_moe_hit_rate_of_metrics_is_since_the_last_read() -> None:
+    """The steps do not read the MoE cache's counts: /metrics gives the hit rate between two of its reads."""
+    from pyllama_moe.moe import MoeCacheStats
+    from pyllama_moe.server.model import ServedModel
+
+    m = ServedModel(ModelSettings(model="unused.gguf", n_parallel=2, n_batch=8), llama=None, n_ctx=64)
+    alone = ServedModel(ModelSettings(model="unused.gguf"), llama=None, n_ctx=64)
+    try:
+        assert m.moe_hit_rate_since_read(None) is None  # no cache
+        first = MoeCacheStats(hits_device=3, misses_device=1)
+        assert alone.moe_hit_rate_since_read(first) is None  # one request at a time: no slots' figure
+        assert m.moe_hit_rate_since_read(first) == 0.75  # since the start
+        second = MoeCacheStats(hits_device=3, misses_device=5, hits_small=2)
+        assert m.moe_hit_rate_since_read(second) == 2 / 6  # the lookups since the first read only
+        assert m.moe_hit_rate_since_read(second) == 2 / 6  # none since: the last interval's
+    finally:
+        assert m.executor is not None
+        m.executor.shutdown()
