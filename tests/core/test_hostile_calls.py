@@ -162,7 +162,8 @@ CASES = {
                 "p0": 0, "p1": -1, "delta": 1, "data": b"x", "path": "/nonexistent/state", "capacity": 4,
                 "fn": None, "n_threads": 1, "n_threads_batch": 1, "batch": llm._batch, "ctx": llm._ctx,
                 "logits": np.zeros(llm.n_vocab(), np.float32), "pos0": 0, "all_logits": False,
-                "last_logits": True, "pos": 0, "name": None}
+                "last_logits": True, "pos": 0, "name": None, "n_layer": 1, "n_expert": 1,
+                "weights": np.zeros((1, 1), np.float32)}
         KEEP = {"close", "closed", "ctx"}  # what works closed: close again, ask whether closed, the bare pointer
         llm.close()
         sampler.close()
