@@ -73,7 +73,7 @@ def test_generation_counts_agree(tiny: Path) -> None:
     import json.decoder
 
     from pyllama_moe import Llama
-    from pyllama_moe.tools.bench.draft import code_prompt, generate, prose_prompt
+    from pyllama_moe.tools.bench.draft import code_prompt, forced, generate, prose_prompt
 
     with Llama(str(tiny), n_ctx=512, n_batch=64, verbose=False) as llm:
         code = llm.tokenize(inspect.getsource(json.decoder).encode(), add_bos=False)
@@ -88,6 +88,11 @@ def test_generation_counts_agree(tiny: Path) -> None:
         assert "misses" not in plain  # no MoE cache on the CPU
         right = generate(llm, prompt, 12, 4, "replay", reference)
         wrong = generate(llm, prompt, 12, 4, "wrong", reference)
+        bound = forced(llm, prompt, reference, 4)
+        # teacher-forced, 5 tokens a decode: the 11 tokens generated and evaluated in 3 decodes, the text's own
+        assert llm.input_ids[: llm.n_tokens].tolist() == reference
+    assert bound["n"] == 11 and bound["decodes"] == 3 and bound["accepted"] == bound["proposed"] == 8
+    assert bound["tokens_per_decode"] == pytest.approx(11 / 3)
     for g in (right, wrong):
         assert g["n"] == 12 and g["accepted"] == g["n"] - g["decodes"], g
     assert right["digest"] == wrong["digest"] == plain["digest"]

@@ -99,8 +99,9 @@ def _parser() -> argparse.ArgumentParser:
                          "share of draft tokens accepted and the MoE cache's misses per decode and per token, in a "
                          "table of their own")
     ap.add_argument("--draft-bounds", action="store_true",
-                    help="with --draft: each draft size also with a draft replaying the text generated without one "
-                         "(every proposal accepted) and one proposing other tokens (every one rejected): what drafts "
+                    help="with --draft: each draft size also with the text generated without a draft decoded "
+                         "teacher-forced, size + 1 tokens a decode (every proposal accepted) and with a draft "
+                         "proposing other tokens (every one rejected; also with draft_adapt's rule): what drafts "
                          "of that size cost and gain at best and at worst, on any model (a random-weight one copies "
                          "nothing of its prompt, so prompt lookup proposes almost nothing there)")
     ap.add_argument("--batch", type=int, default=0, metavar="N",

@@ -7,11 +7,14 @@ up to each draft size. Per run: tokens/s, decodes (``llama_decode`` calls) and t
 proposed and accepted, and the MoE cache's lookups and misses (what a rule choosing the draft size needs: a
 verification looks up the union of its tokens' experts, which may miss more than one token's).
 
-With ``bounds`` (``--draft-bounds``), each size also runs with the two drafts that bound what any draft of that size
-gets (:class:`Replay`): one proposing the text generated without a draft (every proposal accepted) and one proposing
-other tokens (every one rejected: a verification of size + 1 tokens per token). These need no model that copies its
-prompt: on a random-weight model (``synth``) prompt lookup finds almost nothing to propose, as the text it generates
-is not its prompt's, but the bounds measure what verifications cost with the MoE cache.
+With ``bounds`` (``--draft-bounds``), each size also runs with the two bounds of what any draft of that size gets:
+the text generated without a draft decoded teacher-forced, size + 1 tokens a decode (``forced``: every proposal
+accepted, :func:`forced`), and a draft proposing other tokens (``wrong``, a :class:`Replay`: every one rejected, a
+verification of size + 1 tokens per token). These need no model that copies its prompt: on a random-weight model
+(``synth``) prompt lookup finds almost nothing to propose, as the text it generates is not its prompt's, but the
+bounds measure what verifications cost with the MoE cache. (A :class:`Replay` of the text generated without a draft,
+``replay``, is every proposal accepted only where a verification's batched logits pick what single-token decodes
+picked: on random weights, whose greedy text is full of near ties, they soon do not; the H200 showed it.)
 
 Each draft also runs with its size chosen by ``Llama(draft_adapt=True)``'s rule (``lookup-adapt``, ``wrong-adapt``:
 :class:`pyllama_moe.draft_adapt.AdaptiveDraft`), which should be no slower than no draft.
@@ -113,8 +116,10 @@ def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None) -> d
 
 
 # prompt lookup; Replay of the text generated without a draft, or wrong; "-adapt": the same, its size chosen by
-# Llama(draft_adapt=True)'s rule (AdaptiveDraft). Without bounds, the first two run
+# Llama(draft_adapt=True)'s rule (AdaptiveDraft)
 DRAFTERS = ("lookup", "lookup-adapt", "replay", "wrong", "wrong-adapt")
+RUNS = ("lookup", "lookup-adapt")  # the rows of each draft size
+BOUNDS = ("forced", "wrong", "wrong-adapt")  # and with bounds: every proposal right (forced, :func:`forced`) or wrong
 
 
 def drafter(drafted_by: str, k: int, reference: Sequence[int], n_vocab: int) -> LlamaDraftModel:
@@ -165,6 +170,31 @@ def generate(llm: Llama, prompt: list[int], n: int, draft: int, drafted_by: str 
     return out
 
 
+def forced(llm: Llama, prompt: list[int], reference: Sequence[int], draft: int) -> dict[str, Any]:
+    """The bound of a draft of ``draft`` tokens that is always right: the text ``reference`` generated after
+    ``prompt`` without a draft, decoded teacher-forced ``draft + 1`` tokens a decode, as verifications whose every
+    proposal is accepted (less their samplings). Unlike a :class:`Replay`, it holds where a verification's batched
+    logits would pick another token at a near tie (random weights are full of them)."""
+    cont = list(reference[len(prompt):])
+    llm.reset()
+    llm.eval(prompt)
+    before = llm.moe_cache_stats()
+    t0 = time.perf_counter()
+    for i in range(0, len(cont), draft + 1):
+        llm.eval(cont[i:i + draft + 1])
+    t = time.perf_counter() - t0
+    after = llm.moe_cache_stats()
+    decodes = -(-len(cont) // (draft + 1))
+    out: dict[str, Any] = {"n": len(cont), "n_prompt": len(prompt), "draft": draft, "drafted_by": "forced",
+                           "ts": len(cont) / t, "decodes": decodes, "tokens_per_decode": len(cont) / max(decodes, 1),
+                           "proposed": len(cont) - decodes, "accepted": len(cont) - decodes, "digest": ""}
+    counts = cache_counts(before, after)
+    if counts:
+        out.update(counts, misses_per_decode=counts["misses"] / max(decodes, 1),
+                   misses_per_token=counts["misses"] / max(len(cont), 1))
+    return out
+
+
 def generate_with_drafts(llm: Llama, code: Sequence[int], n: int, drafts: Sequence[int],
                          bounds: bool = False) -> list[dict[str, Any]]:
     """Per prompt (``code`` quoted, then prose), ``n`` greedy tokens without a draft and with prompt lookup at each
@@ -183,8 +213,11 @@ def generate_with_drafts(llm: Llama, code: Sequence[int], n: int, drafts: Sequen
         reference = llm.input_ids[: llm.n_tokens].tolist()  # the prompt and the text generated, but its last token
         out.append(plain)
         for d in drafts:
-            for by in DRAFTERS if bounds else DRAFTERS[:2]:
-                g = {"prompt": kind, **generate(llm, prompt, n, d, by, reference)}
-                g["same_text"] = g["digest"] == plain["digest"]
+            for by in RUNS + BOUNDS if bounds else RUNS:
+                if by == "forced":  # the text without a draft, by construction
+                    g = {"prompt": kind, **forced(llm, prompt, reference, d), "same_text": True}
+                else:
+                    g = {"prompt": kind, **generate(llm, prompt, n, d, by, reference)}
+                    g["same_text"] = g["digest"] == plain["digest"]
                 out.append(g)
     return out

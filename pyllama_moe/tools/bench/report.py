@@ -80,8 +80,8 @@ def column(r: Row) -> str:
 
 def generate_label(n: int, prompt: str, draft: int = 0, drafted_by: str = "lookup") -> str:
     """The label of a --draft generation row: ``gen<n> <prompt>``, with a draft ``draft <size> <drafted by>``
-    appended (``lookup``, ``replay``, ``wrong``, with ``-adapt``: :data:`.draft.DRAFTERS`); :func:`generate_parts`
-    reads it."""
+    appended (``lookup``, ``forced``, ``wrong``, with ``-adapt``: :data:`.draft.RUNS`, :data:`.draft.BOUNDS`);
+    :func:`generate_parts` reads it."""
     return f"gen{n} {prompt}" + (f" draft {draft} {drafted_by}" if draft else "")
 
 
@@ -149,7 +149,8 @@ def draft_table(rows: Iterable[Row]) -> str:
     rows. Accepted: the share of the proposed draft tokens that the greedy verification kept, and how many were
     proposed; misses: the MoE cache's, of all lookups; host lookups: the experts looked up on the host (a verification
     ubatch past the device lookup's size); same text: the text of the run without a draft. Drafted by: prompt lookup,
-    or (--draft-bounds) a replay of the text generated without a draft (all accepted) or other tokens (all rejected)."""
+    or (--draft-bounds) the text generated without a draft, teacher-forced (all accepted), or other tokens (all
+    rejected)."""
     gen = [r for r in rows if "generate" in r.cache]
     if not gen:
         return ""
