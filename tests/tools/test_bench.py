@@ -159,23 +159,28 @@ def test_tokens_after_the_prompt(tiny: Path, tmp_path: Path, capsys: pytest.Capt
 
 def test_generation_with_drafts(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # --draft: greedy generation after a prompt that quotes code and after prose, without a draft and with prompt
-    # lookup at each size (with --draft-bounds also the drafts all accepted and all rejected): a table of their own,
+    # lookup at each size, alone and under draft_adapt's rule (with --draft-bounds also the drafts all accepted and all
+    # rejected, the latter under the rule too): a table of their own,
     # a row each; the accepted draft tokens are the tokens generated less the decodes. (One size, as each costs six
     # generations per switch setting; test_bench_draft.py has the comma list's)
     text, data = run_cpu_moe(tiny, tmp_path, capsys, "64", "--draft", "2", "--draft-bounds", "--no-native")
     header = next(ln for ln in text.splitlines() if ln.startswith("| setup"))
     assert "gen" not in header  # the measurements' table leaves them to the draft table
     gen = [r for r in data["rows"] if r["label"]]
+    # the teacher-forced bound decodes the text generated without a draft but its last token, which the generation
+    # never evaluates either
     labels = ["gen4 code", "gen4 text"] + [f"gen4 {p} draft 2 {by}" for p in ("code", "text")
-                                           for by in ("lookup", "replay", "wrong")]
+                                           for by in ("lookup", "lookup-adapt", "wrong", "wrong-adapt")]
+    labels += [f"gen3 {p} draft 2 forced" for p in ("code", "text")]
     assert sorted(r["label"] for r in gen) == sorted(labels * 2)  # under two switches
     for r in gen:
         g = r["cache"]["generate"]
-        assert r["n_gen"] == 4 and r["tokens_per_s"] > 0 and r["n_prompt"] > 256
+        assert r["n_gen"] == (3 if r["label"].endswith("forced") else 4)
+        assert r["tokens_per_s"] > 0 and r["n_prompt"] > 256
         assert g["accepted"] == r["n_gen"] - g["decodes"] and g["tokens_per_decode"] == r["n_gen"] / g["decodes"]
         if r["label"].endswith("wrong"):
             assert g["accepted"] == 0 and g["proposed"] > 0
-        if r["label"].endswith("replay") and g["same_text"]:
+        if r["label"].endswith("forced"):
             assert g["accepted"] == g["proposed"] > 0
         assert "misses" not in g  # no MoE cache on the CPU
     # the same text under both switch settings (a hash per label, compared like the others)
