@@ -233,12 +233,9 @@ class Llama:
                                  verbose=verbose)
         self._load(seed)
         self._warm: WarmStart | None = None
-        self.moe_cache_restored = 0  # experts the warm start filled in at load
-        self.moe_cache_restore_s = 0.0  # the seconds it added to the load
         if moe_cache_state is not None:
             self._warm = WarmStart(moe_cache_state, self._model, self._ctx)
-            self.moe_cache_restored = self._warm.restore()
-            self.moe_cache_restore_s = self._warm.restore_s
+            self._warm.restore()
         self.placement = self._placement()
         if verbose:
             logger.info("%s", backend.system_info().strip())
@@ -330,8 +327,7 @@ class Llama:
         lock = getattr(self, "_lock", None)
         with lock if lock is not None else contextlib.nullcontext():
             warm = getattr(self, "_warm", None)
-            if warm is not None and not getattr(self, "_warm_saved", False):
-                self._warm_saved = True
+            if warm is not None:
                 warm.save()
             sampler = getattr(self, "_sampler", None)
             if sampler is not None:
@@ -480,6 +476,16 @@ class Llama:
         """The context: the ``n_ctx`` asked for (the model's training context for 0), which prompt and completion share;
         llama.cpp's own is rounded up to a multiple of 256 (``llama_n_ctx(llm.ctx)``)."""
         return self._n_ctx
+
+    @property
+    def moe_cache_restored(self) -> int:
+        """Experts the warm start (``moe_cache_state``) filled in at load, 0 without one."""
+        return self._warm.restored if self._warm is not None else 0
+
+    @property
+    def moe_cache_restore_s(self) -> float:
+        """The seconds the warm start added to the load."""
+        return self._warm.restore_s if self._warm is not None else 0.0
 
     @_open
     def moe_cache_stats(self) -> moe.MoeCacheStats | None:

@@ -165,6 +165,14 @@ class Model:
     def n_layer(self) -> int:
         return int(lib.llama_model_n_layer(self.ptr))
 
+    def n_expert(self) -> int:
+        """Experts per MoE layer (the metadata's ``<arch>.expert_count``), 0 for a dense model."""
+        meta = self.metadata()
+        try:
+            return max(0, int(meta.get(f"{meta.get('general.architecture', '')}.expert_count", "0") or 0))
+        except ValueError:
+            return 0
+
     def size(self) -> int:
         return int(lib.llama_model_size(self.ptr))
 

@@ -26,28 +26,17 @@ from pyllama_moe.model import Model
 logger = logging.getLogger("pyllama_moe")
 
 
-def n_expert_of(model: Model) -> int:
-    """The model's experts per layer (its metadata's ``expert_count``), 0 for a dense model."""
-    meta = model.metadata()
-    arch = meta.get("general.architecture", "")
-    try:
-        return max(0, int(meta.get(f"{arch}.expert_count", "0") or 0))
-    except ValueError:
-        return 0
-
-
 class WarmStart:
     """The state file of one ``Llama``: ``restore`` at load, ``save`` at close; ``restored`` experts filled in, in
     ``restore_s`` seconds (the file read and the copies: what the warm start adds to the load)."""
 
     def __init__(self, path: str | os.PathLike[str], model: Model, ctx: Context) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"moe_cache_state must be a path, got {path!r}")
-        self.path = Path(path)
+        self.path = Path(path)  # its type checked by Llama, before the load
         self.ctx = ctx
-        self.model_id, self.n_layer, self.n_expert = model.fingerprint(), model.n_layer(), n_expert_of(model)
+        self.model_id, self.n_layer, self.n_expert = model.fingerprint(), model.n_layer(), model.n_expert()
         self.restored = 0
         self.restore_s = 0.0
+        self.saved = False
         self.active = self.n_expert > 0 and ctx.moe_cache_stats() is not None
         if not self.active:
             logger.warning("moe_cache_state=%s ignored: the context has no MoE cache", self.path)
@@ -68,9 +57,10 @@ class WarmStart:
         return self.restored
 
     def save(self) -> None:
-        """Write the experts the cache holds to the file (a warning, never an exception, if it cannot)."""
-        if not self.active:
+        """Write the experts the cache holds to the file, once (a warning, never an exception, if it cannot)."""
+        if not self.active or self.saved:
             return
+        self.saved = True
         try:
             held = self.ctx.moe_cache_held(self.n_layer, self.n_expert)
             if held is None:

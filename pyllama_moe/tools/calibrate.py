@@ -64,15 +64,12 @@ def calibrate(model: str | os.PathLike[str], text: str, n_tokens: int = DEFAULT_
     # the key is the loaded model's (as a Llama's), read before the recording loads it once more
     m = Model(model, ModelParams(), verbose=False)
     try:
-        model_id, n_layer = m.fingerprint(), m.n_layer()
-        meta = m.metadata()
+        model_id, n_layer, n_expert = m.fingerprint(), m.n_layer(), m.n_expert()
         tokens = m.vocab.tokenize(text.encode("utf-8"), add_special=True)[:n_tokens]
     finally:
         m.close()
-    arch = meta.get("general.architecture", "")
-    n_expert = int(meta.get(f"{arch}.expert_count", "0") or 0)
     if n_expert < 1:
-        raise ValueError(f"{model}: not a MoE model (no {arch}.expert_count)")
+        raise ValueError(f"{model}: not a MoE model (no expert_count in its metadata)")
     if not tokens:
         raise ValueError("the text has no tokens")
     with backend.verbosity(False):  # llama.cpp's log of the second load, as the first (errors still reach exceptions)

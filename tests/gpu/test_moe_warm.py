@@ -62,12 +62,11 @@ def test_warm_start_hits_more_with_the_same_results(moe: Path, tmp_path: Path) -
 
 def _key(path: Path) -> tuple[str, int, int]:
     from pyllama_moe.model import Model
-    from pyllama_moe.moe_warm import n_expert_of
     from pyllama_moe.params import ModelParams
 
     m = Model(str(path), ModelParams(), verbose=False)
     try:
-        return m.fingerprint(), m.n_layer(), n_expert_of(m)
+        return m.fingerprint(), m.n_layer(), m.n_expert()
     finally:
         m.close()
 

@@ -104,15 +104,18 @@ def prose_prompt(llm: Llama) -> list[int]:
     return [llm.token_bos(), *llm.tokenize(prose_text().encode(), add_bos=False)[: PROMPT_TOKENS - 1]]
 
 
-def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None) -> dict[str, float]:
+def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None, decodes: int,
+                 tokens: int) -> dict[str, float]:
     """The MoE cache's experts looked up on the device and on the host (small and large ubatches), and the misses of
-    all three, between two ``moe_cache_stats()``; empty without a cache."""
+    all three, between two ``moe_cache_stats()``, with the misses per decode and per token; empty without a cache."""
     if before is None or after is None:
         return {}
     d = after - before
     device = d.hits("device")
     host = d.hits("small", "large")
-    return {"device_lookups": sum(device), "host_lookups": sum(host), "misses": device[1] + host[1]}
+    misses = device[1] + host[1]
+    return {"device_lookups": sum(device), "host_lookups": sum(host), "misses": misses,
+            "misses_per_decode": misses / max(decodes, 1), "misses_per_token": misses / max(tokens, 1)}
 
 
 # prompt lookup; Replay of the text generated without a draft, or wrong; "-adapt": the same, its size chosen by
@@ -163,11 +166,7 @@ def generate(llm: Llama, prompt: list[int], n: int, draft: int, drafted_by: str 
                            "drafted_by": drafted_by if draft else "", "ts": n_gen / t, "decodes": decodes,
                            "tokens_per_decode": n_gen / max(decodes, 1), "proposed": proposed, "accepted": accepted,
                            "digest": hashlib.sha256(res["choices"][0]["text"].encode()).hexdigest()[:16]}
-    counts = cache_counts(before, after)
-    if counts:
-        out.update(counts, misses_per_decode=counts["misses"] / max(decodes, 1),
-                   misses_per_token=counts["misses"] / max(n_gen, 1))
-    return out
+    return out | cache_counts(before, after, decodes, n_gen)
 
 
 def forced(llm: Llama, prompt: list[int], reference: Sequence[int], draft: int) -> dict[str, Any]:
@@ -188,11 +187,7 @@ def forced(llm: Llama, prompt: list[int], reference: Sequence[int], draft: int) 
     out: dict[str, Any] = {"n": len(cont), "n_prompt": len(prompt), "draft": draft, "drafted_by": "forced",
                            "ts": len(cont) / t, "decodes": decodes, "tokens_per_decode": len(cont) / max(decodes, 1),
                            "proposed": len(cont) - decodes, "accepted": len(cont) - decodes, "digest": ""}
-    counts = cache_counts(before, after)
-    if counts:
-        out.update(counts, misses_per_decode=counts["misses"] / max(decodes, 1),
-                   misses_per_token=counts["misses"] / max(len(cont), 1))
-    return out
+    return out | cache_counts(before, after, decodes, len(cont))
 
 
 def generate_with_drafts(llm: Llama, code: Sequence[int], n: int, drafts: Sequence[int],
