@@ -186,6 +186,9 @@ loadtest() {  # concurrent requests in one batch (#43): the server with parallel
             echo "gpu.sh: loadtest $name --n_parallel $npar"
             "$PY" -m pyllama_moe loadtest "http://127.0.0.1:$port" --clients 1,4,16 --json "$out/load-$name-$npar.json" "$@" ||
                 tail -20 "$out/server-$name-$npar.log"
+            # the MoE cache's hit rate over the run (a load test's figure names it)
+            "$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" \
+                > "$out/metrics-$name-$npar.txt" 2>&1 || true
             kill "$pid"; wait "$pid" 2>/dev/null || true
         done
     done
