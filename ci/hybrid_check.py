@@ -1,0 +1,111 @@
+"""Hybrid decode (#41) on one model and cache size: the same tokens decoded teacher-forced, one token a step, with the
+hybrid off, on with each hand-off (``LLAMA_MOE_HYBRID_HANDOFF`` func and flags) and auto; per run the decode speed,
+the device lookups' hit rate, the experts the CPU computed per token, the CPU's busy time per token, the rates the
+share followed from, and against the run with the hybrid off: the top-1 agreement and the largest logit difference.
+``ci/gpu.sh hybrid-check`` runs it.
+
+    python ci/hybrid_check.py MODEL.gguf [--fraction 0.25] [--tokens 128] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pyllama_moe.ffi import ffi, lib
+from pyllama_moe.gguf_info import GGUFInfo
+from pyllama_moe.llama import Llama
+from pyllama_moe.tools.text import prose_text
+
+RATES = ("host_expert_us", "upload_expert_us", "handoff_us", "host_max")
+
+# name, environment
+RUNS = (
+    ("off", {"LLAMA_MOE_HYBRID": "0"}),
+    ("on-flags", {"LLAMA_MOE_HYBRID": "1", "LLAMA_MOE_HYBRID_HANDOFF": "flags"}),
+    ("on-func", {"LLAMA_MOE_HYBRID": "1", "LLAMA_MOE_HYBRID_HANDOFF": "func"}),
+    ("auto", {"LLAMA_MOE_HYBRID": "2", "LLAMA_MOE_HYBRID_HANDOFF": "flags"}),
+)
+
+
+def raw_stats(llm: Llama) -> dict[str, float]:
+    """The hybrid's fields of ``struct llama_moe_cache_stats``, read directly (this script needs no Python API for
+    them)."""
+    st = ffi.new("struct llama_moe_cache_stats *")
+    if not lib.llama_moe_cache_get_stats(llm._ctx.ptr, st):
+        return {}
+    return {k: getattr(st, k) for k in ("n_host", "n_host_calls", "host_busy_us", "host_expert_us",
+                                        "upload_expert_us", "handoff_us", "host_max")}
+
+
+def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: int) -> dict[str, object]:
+    for k in ("LLAMA_MOE_HYBRID", "LLAMA_MOE_HYBRID_HANDOFF"):
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    with Llama(model, n_ctx=2048, n_batch=512, n_gpu_layers=-1, cpu_moe=True, moe_cache_mib=mib, logits_all=True,
+               n_threads=threads, verbose=False) as llm:
+        warm = tokens[:16]  # the cache filled and the graphs captured before the timed part
+        for t in warm:
+            llm.eval([t])
+        before = llm.moe_cache_stats()
+        raw0 = raw_stats(llm)
+        logits = []
+        t0 = time.perf_counter()
+        for t in tokens[16:]:
+            llm.eval([t])
+            logits.append(np.array(llm.scores[llm.n_tokens - 1]))
+        dt = time.perf_counter() - t0
+        after = llm.moe_cache_stats()
+        raw = raw_stats(llm)
+        hits, misses = (after - before).hits("small", "large", "device") if before and after else (0, 0)
+        n = len(tokens) - 16
+        return {"tps": n / dt, "hit_rate": hits / max(1, hits + misses), "misses_per_token": misses / n,
+                "host_per_token": (raw.get("n_host", 0) - raw0.get("n_host", 0)) / n,
+                "host_busy_ms_per_token": (raw.get("host_busy_us", 0) - raw0.get("host_busy_us", 0)) / n / 1e3,
+                "rates": {k: raw[k] for k in RATES if k in raw},
+                "logits": np.stack(logits)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--fraction", type=float, default=0.25)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    info = GGUFInfo.read(args.model)
+    mib = int(info.expert_bytes * args.fraction) >> 20
+    with Llama(args.model, vocab_only=True, verbose=False) as tok:
+        tokens = tok.tokenize(prose_text().encode(), add_bos=True)[: args.tokens + 16]
+    rows = {}
+    for name, env in RUNS:
+        rows[name] = run(args.model, mib, tokens, env, args.threads)
+    ref = rows["off"]["logits"]
+    assert isinstance(ref, np.ndarray)
+    out = []
+    for name, r in rows.items():
+        lg = r.pop("logits")
+        assert isinstance(lg, np.ndarray)
+        r["top1_agreement"] = float(np.mean(lg.argmax(axis=1) == ref.argmax(axis=1)))
+        r["max_abs_logit_diff"] = float(np.abs(lg - ref).max())
+        r["logit_scale"] = float(np.abs(ref).max())
+        r["identical"] = bool(lg.tobytes() == ref.tobytes())
+        out.append({"run": name, **r})
+        print(f"{args.fraction:.0%} cache ({mib} MiB) {name:9s}: {r['tps']:7.1f} t/s, hits {r['hit_rate']:.1%}, "
+              f"misses/token {r['misses_per_token']:.1f}, CPU experts/token {r['host_per_token']:.1f}, CPU busy "
+              f"{r['host_busy_ms_per_token']:.2f} ms/token, rates {r['rates']}, top-1 {r['top1_agreement']:.3f}, "
+              f"max |dlogit| {r['max_abs_logit_diff']:.3g} (scale {r['logit_scale']:.3g})", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
