@@ -14,6 +14,8 @@
 #                                  bench matrix, write bench.md and bench.json to $PYLLAMA_MOE_BENCH_OUT
 #   ci/gpu.sh bench-predict [args] the bench with the prediction off (LLAMA_MOE_CACHE_PREDICT=0), at its default (2)
 #                                  and at 8: caches of 10 / 25 / 50 / 80% of the experts, the misses predicted
+#   ci/gpu.sh bench-hybrid [args]  the hybrid decode (#41): caches of 10 / 25 / 50 / 80% of the experts alone, with
+#                                  moe_hybrid on and auto, beside cpu_moe and all on the GPU, through the Python API
 #   ci/gpu.sh bench-draft [args]   the Python API's generation without a draft and with drafts of 4, 8 and 16 tokens
 #                                  (prompt lookup, and the drafts all accepted and all rejected): all on the GPU and
 #                                  caches of 25 / 50 / 80%
@@ -155,6 +157,12 @@ bench_predict() {  # the bench with the prediction of the next MoE layer's exper
         --switch LLAMA_MOE_CACHE_PREDICT=8 --pp 512 --ub 512 --tg 128 --no-native "$@"
 }
 
+bench_hybrid() {  # the CPU computing a share of the MoE cache's misses (#41), beside the cache alone and its two bounds
+    local setups=gpu,cpu_moe-none f
+    for f in 10 25 50 80; do setups="$setups,cache-$f,cache-$f-hybrid,cache-$f-auto"; done
+    bench --setups "$setups" --pp 512 --ub 512 --tg 128 --no-native "$@"
+}
+
 bench_draft() {  # speculative decoding through the MoE cache (#45); no dense model: the bench itself, not bench()
     local out=${PYLLAMA_MOE_BENCH_OUT:-/tmp}
     "$PY" -m pyllama_moe bench "$model" --preset 30b-a3b --routing "$routing" --json "$out/draft.json" \
@@ -215,6 +223,7 @@ case "${1:-}" in
     sanitize) build; sanitize ;;
     bench)    shift; build; bench "$@" ;;
     bench-predict) shift; build; bench_predict "$@" ;;
+    bench-hybrid) shift; build; bench_hybrid "$@" ;;
     bench-draft) shift; build; bench_draft "$@" ;;
     loadtest) shift; build; loadtest "$@" ;;
     warm-start) shift; build; warm_start "$@" ;;

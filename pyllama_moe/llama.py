@@ -133,6 +133,7 @@ class Llama:
         # MoE and placement (pyllama-moe)
         moe_cache_mib: int | str = 0,
         moe_cache_predict: int | None = None,
+        moe_hybrid: bool | str | None = None,
         moe_cache_state: str | os.PathLike[str] | None = None,
         cpu_moe: bool = False,
         n_cpu_moe: int = 0,
@@ -154,6 +155,14 @@ class Llama:
                 draft does not pay: with a MoE cache a verification looks up the union of its tokens' experts).
             moe_cache_predict: after each device lookup of a decode step, copy at most this many of the experts
                 that the next MoE layer is predicted to select (None: the library's default, 2; 0: off).
+            moe_hybrid: in decode steps looked up on the device, the CPU computes a share of each MoE layer's cache
+                misses from the host experts while PCIe uploads the rest, the parts summed on the GPU; the share
+                follows from the upload and CPU rates the context measures when it is created (``moe_cache_stats()``
+                gives them and the experts the CPU computed). ``True``: on; ``"auto"``: on only where the CPU's share
+                pays, off where the CPU is the slower pipe; ``False`` or None (the default): off, results
+                byte-identical to a context without it. On, results are close to, not byte-identical with, the GPU's
+                (the CPU's kernels round differently). Needs the MoE cache (``moe_cache_mib``): without one it is
+                ignored with a warning.
             moe_cache_state: a warm-start file (``python -m pyllama_moe calibrate``, or the last run's): at load
                 the cache is filled with the experts it names, at close the experts the cache holds are written
                 to it; a missing, corrupt or mismatched file is a cold start with a warning.
@@ -226,7 +235,7 @@ class Llama:
             yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
             yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
             op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
-            moe_cache_predict=moe_cache_predict, n_seq_max=n_seq_max,
+            moe_cache_predict=moe_cache_predict, moe_hybrid=moe_hybrid, n_seq_max=n_seq_max,
         )
         self._placed = moe.place(self.model_path, self.model_params, self.context_params,
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
@@ -504,7 +513,14 @@ class Llama:
         the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
         ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=N``): the experts the device lookups prefetched for the next
         layer's predicted routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in
-        ``device`` hits) and those evicted unused (``wasted``).
+        ``device`` hits) and those evicted unused (``wasted``); ``hybrid`` (``moe_hybrid``): the device lookups'
+        misses the CPU computed instead of uploading (``experts``, not counted in ``device`` misses), the hand-offs
+        that gave it work (``calls``) and its busy time in them (``busy_us``), the split the context chose when it
+        was made (``host_max``: the most misses per layer and ubatch the CPU takes, 0 with the hybrid off or where
+        ``"auto"`` chose off; the rates it follows from, measured then: ``host_expert_us``, ``upload_expert_us``,
+        ``handoff_us``), and derived: ``share`` (of the device lookups' misses), ``experts_per_call``,
+        ``busy_us_per_call``. ``(b - a).per_token(n)`` gives, over ``n`` tokens decoded between two readings, the
+        experts computed on the CPU, its busy ms, the experts uploaded and an estimate of PCIe's busy ms, per token.
         """
         return self._ctx.moe_cache_stats()
 

@@ -272,7 +272,8 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
           fit_target_mib: int | list[int] | None, verbose: bool) -> Placement:
     """The placement keywords' one way into the parameters: the cache size (``moe_cache_mib``: MiB or ``"auto"``),
     then the fit (``fit=True``: upstream's, or with ``"auto"`` the fit that chooses between layers and cache), then
-    the load mode the cache wants. Writes the parameters through their setters only."""
+    the load mode the cache wants; a warning where ``moe_hybrid`` asks for a share of a cache that is not there.
+    Writes the parameters through their setters only."""
     if not isinstance(fit_memory, bool):
         raise ValueError(f"fit must be True or False, got {fit_memory!r}")
     _margins(fit_target_mib)  # checked when no fit reads it too: a bad value is not passed over in silence
@@ -292,6 +293,9 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
         elif cache == "auto":
             cparams.set_moe_cache_size(auto_cache_size(bpath, mparams, cparams, fit_target_mib))
     cache_bytes = int(cparams.ptr.moe_cache_size)
+    if cache_bytes == 0 and cparams.hybrid_asked():  # the library accepts it and does nothing, as for the prediction
+        logger.warning("moe_hybrid ignored: the CPU's share of the decode is a share of the MoE cache's misses, and "
+                       "there is no cache (moe_cache_mib, on a GPU)")
     cache_load_mode(path, mparams, cache_bytes)
     return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode))
 
@@ -303,7 +307,8 @@ _PATHS = ("small", "large", "device")
 # ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off); the seeds from the experts staged for the last large
 # ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off), checked slots with LLAMA_MOE_CACHE_SEED_CHECK=1; the experts the
 # device lookups prefetched for the next layer's predicted routing (LLAMA_MOE_CACHE_PREDICT=N), those a lookup then
-# found, those evicted unused
+# found, those evicted unused; the hybrid decode (moe_hybrid): the device lookups' misses the CPU computed instead of
+# uploading, the hand-offs that gave it work and its busy time in them, and the split (host_max, the rates it follows)
 _GROUPS = {
     "copied": {"experts": "n_copied", "bytes": "bytes_copied"},
     "prefetch": {"ubatches": "n_ubatch_large", "calls": "n_prefetch_calls", "regions": "n_prefetch_regions",
@@ -312,15 +317,25 @@ _GROUPS = {
              "checked": "n_seed_checked", "check_failed": "n_seed_check_failed"},
     "predicted": {"experts": "n_predicted", "used": "n_predicted_used", "wasted": "n_predicted_wasted",
                   "bytes": "bytes_predicted"},
+    "hybrid": {"experts": "n_host", "calls": "n_host_calls", "busy_us": "host_busy_us", "host_max": "host_max",
+               "host_expert_us": "host_expert_us", "upload_expert_us": "upload_expert_us", "handoff_us": "handoff_us"},
 }
+# not counts but what the context measured and chose when it was made: b - a keeps b's; the rates are floats
+_RATES = ("host_expert_us", "upload_expert_us", "handoff_us")
+_SPLIT = ("host_max", *_RATES)
+
+
+def _value(field: str, v: Any) -> Any:  # int or float, as the field
+    return float(v) if field in _RATES else int(v)
 
 
 @dataclass(frozen=True)
 class MoeCacheStats:
     """``struct llama_moe_cache_stats`` field by field: the MoE cache's counts since the context was made.
 
-    What ``Llama.moe_cache_stats()`` returns: ``b - a`` is what happened between two readings, ``as_dict()`` the
-    groups as JSON (``from_dict`` reads them back), and ``stats[group]`` one group of it."""
+    What ``Llama.moe_cache_stats()`` returns: ``b - a`` is what happened between two readings (the hybrid's split,
+    chosen when the context was made, is b's), ``as_dict()`` the groups as JSON (``from_dict`` reads them back),
+    ``stats[group]`` one group of it, and ``(b - a).per_token(n)`` the hybrid decode's figures per token."""
 
     hits_small: int = 0
     misses_small: int = 0
@@ -348,10 +363,17 @@ class MoeCacheStats:
     n_predicted_used: int = 0
     n_predicted_wasted: int = 0
     bytes_predicted: int = 0
+    n_host: int = 0  # misses of the device lookups the CPU computed (not in misses_device)
+    n_host_calls: int = 0  # hand-offs that gave the CPU work
+    host_busy_us: int = 0  # the CPU's busy time in them
+    host_expert_us: float = 0.0  # the rates measured when the context was made, which the split follows from
+    upload_expert_us: float = 0.0
+    handoff_us: float = 0.0
+    host_max: int = 0  # the most misses per layer and ubatch the CPU takes; 0: the hybrid is off
 
     @classmethod
     def from_c(cls, st: Any) -> MoeCacheStats:
-        return cls(**{f.name: int(getattr(st, f.name)) for f in dataclasses.fields(cls)})
+        return cls(**{f.name: _value(f.name, getattr(st, f.name)) for f in dataclasses.fields(cls)})
 
     @classmethod
     def read(cls, ctx: Any) -> MoeCacheStats | None:
@@ -362,7 +384,7 @@ class MoeCacheStats:
         return cls.from_c(st)
 
     def __sub__(self, other: MoeCacheStats) -> MoeCacheStats:
-        return MoeCacheStats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+        return MoeCacheStats(**{f.name: getattr(self, f.name) - (0 if f.name in _SPLIT else getattr(other, f.name))
                                 for f in dataclasses.fields(self)})
 
     def __getitem__(self, group: str) -> dict[str, float]:
@@ -384,7 +406,25 @@ class MoeCacheStats:
         n = max(self.n_ubatch_large, 1)  # per large ubatch
         out["prefetch"].update(calls_per_ubatch=self.n_prefetch_calls / n,
                                mib_host_per_ubatch=self.bytes_prefetch_host / n / 2**20)
+        # the share of the device lookups' misses the CPU computed, and per hand-off that gave it work
+        calls = max(self.n_host_calls, 1)
+        out["hybrid"].update(share=self.n_host / max(self.n_host + self.misses_device, 1),
+                             experts_per_call=self.n_host / calls, busy_us_per_call=self.host_busy_us / calls)
         return out
+
+    def uploaded(self) -> int:
+        """Experts uploaded to the device for decode: the misses of the device and small lookups, and the experts
+        the prediction copied (the misses the CPU computed are not uploaded)."""
+        return self.misses_device + self.misses_small + self.n_predicted
+
+    def per_token(self, tokens: int) -> dict[str, float]:
+        """The hybrid decode's split over ``tokens`` tokens (those decoded between the two readings of ``b - a``):
+        experts computed on the CPU (``host``), the CPU's busy milliseconds (``host_ms``), experts uploaded
+        (``uploaded``, :meth:`uploaded`) and an estimate of PCIe's busy milliseconds (``pcie_ms``: those uploads
+        times ``upload_expert_us``, the rate measured when the context was made), each per token."""
+        n = max(tokens, 1)
+        return {"host": self.n_host / n, "host_ms": self.host_busy_us / 1000 / n, "uploaded": self.uploaded() / n,
+                "pcie_ms": self.uploaded() * self.upload_expert_us / 1000 / n}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Mapping[str, float]]) -> MoeCacheStats:
@@ -392,5 +432,5 @@ class MoeCacheStats:
         names = {path: {"hits": f"hits_{path}", "misses": f"misses_{path}", "bytes_uploaded": f"bytes_{path}"}
                  for path in _PATHS}
         names.update(_GROUPS)
-        return cls(**{field: int(group[key]) for name, keys in names.items() if (group := d.get(name)) is not None
-                      for key, field in keys.items() if key in group})
+        return cls(**{field: _value(field, group[key]) for name, keys in names.items()
+                      if (group := d.get(name)) is not None for key, field in keys.items() if key in group})

@@ -48,6 +48,21 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def moe_hybrid_mode(value: Any) -> int | None:
+    """``moe_hybrid`` as ``enum llama_moe_hybrid``: False off, True on, ``"auto"`` (the context measures whether the
+    CPU's share pays); None leaves the library's default (off). Anything else is a ValueError, checked before the
+    library is asked, so that ``"on"`` or ``1`` is refused rather than read as true."""
+    if value is None:
+        return None
+    if value is False:
+        return int(lib.LLAMA_MOE_HYBRID_OFF)
+    if value is True:
+        return int(lib.LLAMA_MOE_HYBRID_ON)
+    if isinstance(value, str) and value == "auto":
+        return int(lib.LLAMA_MOE_HYBRID_AUTO)
+    raise ValueError(f"moe_hybrid must be False, True or 'auto', got {value!r}")
+
+
 def _enum(name: str, value: Any, allowed: Mapping[str, int]) -> int:
     """An enum given by its C value or its name (case-insensitive)."""
     if isinstance(value, str) and value.lower() in allowed:
@@ -303,6 +318,7 @@ class ContextParams:
         type_v: int | str | None = None,
         moe_cache_size: int = 0,
         moe_cache_predict: int | None = None,
+        moe_hybrid: bool | str | None = None,
     ) -> None:
         p = self.ptr = ffi.new("struct llama_context_params *", lib.llama_context_default_params())
         p.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
@@ -346,6 +362,14 @@ class ContextParams:
         p.moe_cache_size = check_int("moe_cache_size", moe_cache_size, 0)
         if moe_cache_predict is not None:  # None: the library's default
             p.moe_cache_predict = check_int("moe_cache_predict", moe_cache_predict, 0, 2**31 - 1)
+        # kept apart from the C field (which reads as an attribute, as llama-cpp-python's params do): None is unset
+        self._moe_hybrid = moe_hybrid_mode(moe_hybrid)
+        if self._moe_hybrid is not None:  # None: the library's default (off)
+            p.moe_hybrid = self._moe_hybrid
+
+    def hybrid_asked(self) -> bool:
+        """Whether ``moe_hybrid`` asked for the CPU's share (on or auto), which needs a MoE cache."""
+        return self._moe_hybrid is not None and self._moe_hybrid != lib.LLAMA_MOE_HYBRID_OFF
 
     def set_moe_cache_size(self, nbytes: int) -> None:
         self.ptr.moe_cache_size = check_int("moe_cache_size", nbytes, 0)

@@ -167,6 +167,21 @@ def _slot_metrics(m: ServedModel, label: str, cache: Any) -> list[str]:
     return lines
 
 
+def _moe_cache_metrics(label: str, cache: Any) -> list[str]:
+    """The MoE cache's counts since the start (``cache``: ``moe_cache_stats()``, None without a cache): the hit rate
+    over every lookup path, and the hybrid decode's (``moe_hybrid``) experts computed on the CPU instead of uploaded
+    and the CPU's busy time in them (both 0 with the hybrid off)."""
+    if cache is None:
+        return []
+    lines = []
+    hits, misses = cache.hits("small", "large", "device")
+    if hits + misses:
+        lines.append(f"pyllama_moe_moe_cache_hit_rate{label} {hits / (hits + misses):.4f}")
+    lines += [f"pyllama_moe_moe_cache_host_experts_total{label} {cache.n_host}",
+              f"pyllama_moe_moe_cache_host_busy_seconds_total{label} {cache.host_busy_us / 1e6:.6f}"]
+    return lines
+
+
 def create_app(server: ServerSettings, models: list[ModelSettings],
                factory: Callable[..., Any] | None = None) -> FastAPI:
     """The app; the models are loaded here (a model that fails to load fails the start)."""
@@ -311,10 +326,7 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
             stats = getattr(m.llama, "moe_cache_stats", None)
             cache = stats() if callable(stats) else None
             lines += _slot_metrics(m, label, cache)
-            if cache is not None:  # over every lookup path
-                hits, misses = cache.hits("small", "large", "device")
-                if hits + misses:
-                    lines.append(f"pyllama_moe_moe_cache_hit_rate{label} {hits / (hits + misses):.4f}")
+            lines += _moe_cache_metrics(label, cache)
         return PlainTextResponse("\n".join(lines) + "\n")
 
     return app

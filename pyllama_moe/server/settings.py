@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -50,6 +50,9 @@ class ModelSettings(BaseSettings):
                                         "written at close (python -m pyllama_moe calibrate writes one)")
     moe_cache_predict: int | None = Field(default=None, ge=0, description="the device lookups' prefetch of the next "
                                           "MoE layer's predicted experts: copies per layer; 0 = off (default 2)")
+    moe_hybrid: bool | Literal["auto"] | None = Field(
+        default=None, description="the CPU computes a share of the MoE cache's misses in decode while PCIe uploads "
+                                  "the rest: false, true or auto (on where it pays, measured); default off")
     cpu_moe: bool = Field(default=False, description="keep every expert tensor in host memory")
     n_cpu_moe: int = Field(default=0, description="keep the experts of the first N layers in host memory")
     override_tensor: str | None = Field(default=None, description="llama.cpp -ot: PATTERN=BUFFER_TYPE,...")
@@ -69,6 +72,20 @@ class ModelSettings(BaseSettings):
         from pyllama_moe.params import check_threads
 
         return None if value is None else check_threads(info.field_name, value)
+
+    @field_validator("moe_hybrid", mode="before")
+    @classmethod
+    def _hybrid(cls, value: Any) -> Any:
+        """``false``, ``true`` or ``auto`` (any case) from the command line or the environment; pydantic's own
+        reading of a bool would take ``on``, ``yes`` or ``1`` too, which Llama refuses."""
+        if isinstance(value, str):
+            words: dict[str, bool | str] = {"false": False, "true": True, "auto": "auto"}
+            if value.lower() not in words:
+                raise ValueError(f"moe_hybrid must be false, true or auto, got {value!r}")
+            return words[value.lower()]
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"moe_hybrid must be false, true or auto, got {value!r}")
+        return value
 
     @field_validator("n_parallel")
     @classmethod

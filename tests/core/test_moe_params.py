@@ -112,6 +112,14 @@ def test_use_mmap_false_is_load_mode_none(caplog: pytest.LogCaptureFixture, path
     ({"fit": "yes"}, "fit must be True or False"),
     ({"moe_cache_predict": -1}, "moe_cache_predict must be in"),
     ({"moe_cache_predict": "2"}, "moe_cache_predict must be an integer"),
+    # only False, True and "auto": no word or number that reads as true
+    ({"moe_hybrid": "on"}, "moe_hybrid must be False, True or 'auto', got 'on'"),
+    ({"moe_hybrid": "AUTO"}, "moe_hybrid must be False, True or 'auto'"),
+    ({"moe_hybrid": "true"}, "moe_hybrid must be False, True or 'auto'"),
+    ({"moe_hybrid": 1}, "moe_hybrid must be False, True or 'auto', got 1"),
+    ({"moe_hybrid": 2}, "moe_hybrid must be False, True or 'auto'"),
+    ({"moe_hybrid": 0}, "moe_hybrid must be False, True or 'auto'"),
+    ({"moe_hybrid": 0.5}, "moe_hybrid must be False, True or 'auto'"),
 ])
 def test_bad_moe_values(path: Path, kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -282,3 +290,87 @@ def test_moe_cache_state_without_a_cache_is_ignored(path: Path, tmp_path: Path,
     assert any("moe_cache_state" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
     with pytest.raises(TypeError, match="moe_cache_state must be a path"):
         Llama(str(path), n_ctx=64, moe_cache_state=5, verbose=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("hybrid, want", [(None, "OFF"), (False, "OFF"), (True, "ON"), ("auto", "AUTO")])
+def test_moe_hybrid_reaches_the_context_params(path: Path, hybrid: bool | str | None, want: str) -> None:
+    # None leaves the library's default (off); each value is passed as enum llama_moe_hybrid. On a CPU-only build the
+    # library takes it and does nothing, as with the prediction
+    value = getattr(lib, f"LLAMA_MOE_HYBRID_{want}")
+    assert lib.llama_context_default_params().moe_hybrid == lib.LLAMA_MOE_HYBRID_OFF
+    with Llama(str(path), n_ctx=64, moe_hybrid=hybrid, verbose=False) as llm:
+        assert llm.context_params.ptr.moe_hybrid == value
+        assert llm("a", max_tokens=2, temperature=0)["usage"]["completion_tokens"] >= 1
+    assert (lib.LLAMA_MOE_HYBRID_OFF, lib.LLAMA_MOE_HYBRID_ON, lib.LLAMA_MOE_HYBRID_AUTO) == (0, 1, 2)  # llama.h
+
+
+def test_moe_hybrid_without_a_cache_warns(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # the CPU's share is a share of the MoE cache's misses: asked for without a cache (none given, or no GPU for it),
+    # it is ignored with a warning; off, or left unset, says nothing
+    for hybrid, warned in ((True, True), ("auto", True), (False, False), (None, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="pyllama_moe"):
+            with Llama(str(path), n_ctx=64, cpu_moe=True, moe_hybrid=hybrid, verbose=False) as llm:
+                assert llm.placement["moe_cache_mib"] == 0
+        assert any("moe_hybrid ignored" in r.getMessage() for r in caplog.records) == warned, hybrid
+
+
+@pytest.mark.skipif(backend.gpu_available(), reason="the CPU-only behaviour")
+def test_moe_hybrid_with_a_cache_but_no_gpu_warns_for_both(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pyllama_moe"):
+        with Llama(str(path), n_ctx=64, cpu_moe=True, moe_cache_mib=64, moe_hybrid=True, verbose=False) as llm:
+            assert llm.moe_cache_stats() is None
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("moe_cache_mib=64 ignored" in m for m in messages) and any("moe_hybrid ignored" in m for m in messages)
+
+
+def test_moe_cache_stats_reads_every_field_of_the_struct() -> None:
+    # MoeCacheStats is struct llama_moe_cache_stats field by field, in its order: a field the struct gains is read
+    from pyllama_moe.ffi import ffi
+
+    fields = [name for name, _ in ffi.typeof("struct llama_moe_cache_stats").fields]
+    assert fields == [f.name for f in dataclasses.fields(moe.MoeCacheStats)]
+    st = ffi.new("struct llama_moe_cache_stats *")
+    for i, name in enumerate(fields):
+        setattr(st, name, i + 1)
+    st.host_expert_us, st.upload_expert_us, st.handoff_us = 12.5, 3.25, 0.75  # floats in C: read as floats
+    got = moe.MoeCacheStats.from_c(st)
+    assert got.n_host == fields.index("n_host") + 1 and got.host_max == len(fields)
+    assert (got.host_expert_us, got.upload_expert_us, got.handoff_us) == (12.5, 3.25, 0.75)
+    assert isinstance(got.host_busy_us, int) and isinstance(got.handoff_us, float)
+    assert got == moe.MoeCacheStats.from_dict(got.as_dict())
+
+
+def hybrid_stats(n_host: int, calls: int, busy_us: int, misses: int, predicted: int = 0) -> moe.MoeCacheStats:
+    return moe.MoeCacheStats(hits_device=100, misses_device=misses, n_predicted=predicted, n_host=n_host,
+                             n_host_calls=calls, host_busy_us=busy_us, host_expert_us=40.0, upload_expert_us=25.0,
+                             handoff_us=5.0, host_max=3)
+
+
+def test_moe_cache_stats_hybrid_group() -> None:
+    st = hybrid_stats(n_host=30, calls=10, busy_us=1200, misses=90)
+    g = st["hybrid"]
+    assert (g["experts"], g["calls"], g["busy_us"], g["host_max"]) == (30, 10, 1200, 3)
+    assert (g["host_expert_us"], g["upload_expert_us"], g["handoff_us"]) == (40.0, 25.0, 5.0)
+    # the CPU computed 30 of the device lookups' 120 misses (the 90 uploaded do not count its 30), 3 a hand-off
+    assert g["share"] == 0.25 and g["experts_per_call"] == 3.0 and g["busy_us_per_call"] == 120.0
+    assert moe.MoeCacheStats()["hybrid"]["share"] == 0.0  # nothing looked up: no division by zero
+    assert moe.MoeCacheStats.from_dict(st.as_dict()) == st  # the rates come back as floats, the counts as ints
+
+
+def test_moe_cache_stats_difference_keeps_the_split() -> None:
+    # the counts are differences; host_max and the rates are what the context chose when it was made: the later's
+    a = hybrid_stats(n_host=30, calls=10, busy_us=1200, misses=90)
+    b = hybrid_stats(n_host=50, calls=14, busy_us=2000, misses=130, predicted=4)
+    d = b - a
+    assert (d.n_host, d.n_host_calls, d.host_busy_us, d.misses_device, d.n_predicted) == (20, 4, 800, 40, 4)
+    assert (d.host_max, d.host_expert_us, d.upload_expert_us, d.handoff_us) == (3, 40.0, 25.0, 5.0)
+
+
+def test_moe_cache_stats_per_token() -> None:
+    d = hybrid_stats(n_host=20, calls=4, busy_us=800, misses=40, predicted=4)
+    # over 10 tokens: 2 experts a token on the CPU, 0.08 ms of its time; 44 uploads (misses and predicted copies)
+    # of 25 us each: 0.11 ms of PCIe a token
+    assert d.uploaded() == 44
+    assert d.per_token(10) == pytest.approx({"host": 2.0, "host_ms": 0.08, "uploaded": 4.4, "pcie_ms": 0.11})
+    assert moe.MoeCacheStats().per_token(0) == {"host": 0.0, "host_ms": 0.0, "uploaded": 0.0, "pcie_ms": 0.0}

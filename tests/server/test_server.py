@@ -405,3 +405,61 @@ def test_thread_counts_are_refused_with_the_settings() -> None:
         assert getattr(ModelSettings(model="m.gguf", **{name: max_threads()}), name) == max_threads()
     with pytest.raises(ValidationError, match="n_threads"):
         parse_args(["--model", "m.gguf", "--n_threads", "100000"])
+
+
+def test_moe_hybrid_setting_and_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    # --moe_hybrid false / true / auto (any case) become Llama's False / True / "auto"; unset leaves Llama's default
+    for word, want in (("false", False), ("true", True), ("auto", "auto"), ("True", True), ("AUTO", "auto")):
+        _, models = parse_args(["--model", "m.gguf", "--moe_hybrid", word])
+        assert models[0].llama_kwargs()["moe_hybrid"] == want, word
+    _, models = parse_args(["--model", "m.gguf"])
+    assert models[0].llama_kwargs()["moe_hybrid"] is None
+    assert ModelSettings(model="m.gguf", moe_hybrid=True).llama_kwargs()["moe_hybrid"] is True
+    monkeypatch.setenv("PYLLAMA_MOE_MOE_HYBRID", "auto")
+    assert ModelSettings(model="m.gguf").moe_hybrid == "auto"
+    monkeypatch.delenv("PYLLAMA_MOE_MOE_HYBRID")
+    # pydantic alone would read "on", "yes" or "1" as true, which Llama refuses: refused when the settings are read
+    for bad in ("on", "1", "yes", "2"):
+        with pytest.raises(ValidationError, match="moe_hybrid must be false, true or auto"):
+            parse_args(["--model", "m.gguf", "--moe_hybrid", bad])
+    for value in (1, 2, 0.5):
+        with pytest.raises(ValidationError, match="moe_hybrid"):
+            ModelSettings(model="m.gguf", moe_hybrid=value)
+
+
+class CachedModel:
+    """A served model's stand-in with a MoE cache whose counts are given: what /metrics reads of it."""
+
+    def __init__(self, path: str, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        from pyllama_moe.moe import MoeCacheStats
+
+        self.stats = MoeCacheStats(hits_device=30, misses_device=10, n_host=25, n_host_calls=5,
+                                   host_busy_us=1_500_000, host_max=4, upload_expert_us=20.0)
+
+    def n_ctx(self) -> int:
+        return 512
+
+    def moe_cache_stats(self) -> Any:
+        return self.stats
+
+    def close(self) -> None:
+        pass
+
+
+def test_metrics_give_the_experts_the_cpu_computed() -> None:
+    # --moe_hybrid reaches Llama; /metrics adds the hybrid decode's experts computed on the CPU and its busy seconds
+    # beside the cache's hit rate (the CPU's 25 are not lookups' misses: the hit rate stays 30 of 40)
+    settings = ModelSettings(model="m.gguf", model_alias="moe", moe_hybrid=True, moe_cache_mib=64)
+    r = Running(create_app(ServerSettings(), [settings], factory=CachedModel))
+    try:
+        model = r.app.state.pool.get("moe").llama
+        assert model.kwargs["moe_hybrid"] is True and model.kwargs["moe_cache_mib"] == 64
+        lines = httpx.get(r.url + "/metrics").text.splitlines()
+    finally:
+        r.stop()
+    assert 'pyllama_moe_moe_cache_hit_rate{model="moe"} 0.7500' in lines
+    assert 'pyllama_moe_moe_cache_host_experts_total{model="moe"} 25' in lines
+    assert 'pyllama_moe_moe_cache_host_busy_seconds_total{model="moe"} 1.500000' in lines

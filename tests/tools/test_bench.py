@@ -436,3 +436,97 @@ def test_prompt_copies_are_those_of_the_timed_ubatches() -> None:
     assert bench.prompt_copies(before, before) is None  # no large ubatch in between
     assert bench.prompt_copies(before, stats(5, 300, 9000, 1000.0, 40000.0)) is None  # no copy through the cache
     assert bench.prompt_copies(None, after) is None and bench.prompt_copies(before, None) is None  # no cache
+
+
+def test_hybrid_setups(tiny: Path) -> None:
+    # <cache setup>-hybrid and -auto: the same cache with Llama(moe_hybrid=True / "auto"), Python only (the native
+    # tools have no option for it: they would run the cache alone under the setup's name)
+    for base in ("cache-25", "cache-3mib", "cache-25-mmap"):
+        plain = bench.setup_named(base)
+        assert plain is not None and plain.hybrid is None and not plain.python_only
+        for suffix, mode in (("-hybrid", True), ("-auto", "auto")):
+            s = bench.setup_named(base + suffix)
+            assert s is not None and s.name == base + suffix and s.hybrid == mode and s.python_only
+            assert s.llama_kwargs == (*plain.llama_kwargs, ("moe_hybrid", mode))
+            assert bench.cache_mib(tiny, s) == bench.cache_mib(tiny, plain) > 0
+            assert (s.args, s.batched_args) == (plain.args, plain.batched_args)
+            assert bench.measure(tiny, s, {}, [64], [64], 4, 1, run=lambda c, e: pytest.fail("no native run")) == []
+    mapped = bench.setup_named("cache-25-hybrid-mmap")  # the suffixes in either order
+    assert mapped is not None and dict(mapped.llama_kwargs) == {**dict(bench.SETUPS["cache-25"].llama_kwargs),
+                                                               "load_mode": "mmap", "moe_hybrid": True}
+    # only cache setups, once
+    for bad in ("gpu-hybrid", "cpu_moe-none-auto", "cache-25-hybrid-auto", "cache-25-auto-auto", "fit-12gib-hybrid",
+                "fit-12gib-cache-auto", "cache-x-hybrid", "-hybrid"):
+        assert bench.setup_named(bad) is None, bad
+
+
+def test_unknown_hybrid_setup_is_an_error(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.main([str(tiny), "--setups", "cache-25-hybrid-auto"])
+    assert "-hybrid or -auto" in capsys.readouterr().err
+
+
+def hybrid_stats(n_host: int, busy_us: int, misses: int, predicted: int, host_max: int = 4) -> MoeCacheStats:
+    return MoeCacheStats(hits_device=200, misses_device=misses, n_predicted=predicted, n_host=n_host, n_host_calls=8,
+                         host_busy_us=busy_us, host_expert_us=30.0, upload_expert_us=50.0, handoff_us=4.0,
+                         host_max=host_max)
+
+
+def test_decode_hits_give_the_hybrid_split_per_token() -> None:
+    before, after = hybrid_stats(10, 1000, 40, 2), hybrid_stats(50, 5000, 100, 10)
+    got = bench.decode_hits(before, after, tokens=20)
+    # 40 experts on the CPU in 20 tokens, 4 ms of its time; 60 misses and 8 predicted copies uploaded at 50 us each
+    assert got == pytest.approx({
+        "hits": 0, "misses": 60, "hit_rate": 0.0, "host_max": 4, "host_expert_us": 30.0, "upload_expert_us": 50.0,
+        "handoff_us": 4.0, "host_experts": 40, "host_busy_us": 4000, "uploaded": 68, "host_per_token": 2.0,
+        "host_ms_per_token": 0.2, "uploaded_per_token": 3.4, "pcie_ms_per_token": 0.17,
+        "predicted": 8, "predicted_used": 0, "hidden": 0.0, "wasted_mib": 0.0})
+    # without the tokens, what it gave before: the hit rate (and the prediction's figures)
+    assert set(bench.decode_hits(before, after)) == {"hits", "misses", "hit_rate", "predicted", "predicted_used",
+                                                     "hidden", "wasted_mib"}
+    assert bench.decode_hits(None, after, tokens=20) == {}
+
+
+def tg_row(setup: str, stats: tuple[MoeCacheStats, MoeCacheStats] | None) -> bench.Row:
+    return bench.Row(setup, {}, "python", 0, 512, 20, 50.0, cache={"tg": bench.decode_hits(*stats, tokens=20)}
+                     if stats else {})
+
+
+def test_table_has_the_hybrid_columns_where_it_ran() -> None:
+    off = (hybrid_stats(0, 0, 40, 2, host_max=0), hybrid_stats(0, 0, 160, 10, host_max=0))
+    on = (hybrid_stats(10, 1000, 40, 2), hybrid_stats(50, 5000, 100, 10))
+    head = ("| setup | switches | via | tg20 | cache (decode) | prefetch staging | prompt copies per ubatch |")
+    # without a hybrid setup or split, the table as it was
+    assert bench.table([tg_row("cache-25", off), tg_row("gpu", None)]).splitlines()[0] == head
+    text = bench.table([tg_row("cache-25", off), tg_row("cache-25-hybrid", on), tg_row("gpu", None)])
+    lines = text.splitlines()
+    assert lines[0] == head[:-1] + "| CPU experts/token | CPU ms/token | PCIe ms/token (est.) |"
+    assert lines[1].count("---") == 10
+    cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[-4:-1]] for ln in lines[2:]}
+    # the cache alone: nothing on the CPU, 128 uploads in 20 tokens at 50 us; the hybrid: 2 experts a token on the
+    # CPU (0.2 ms), 68 uploads (0.17 ms); all on the GPU: no cache, no figures
+    assert cells == {"cache-25": ["0.00", "0.000", "0.320"], "cache-25-hybrid": ["2.00", "0.200", "0.170"],
+                     "gpu": ["-", "-", "-"]}
+    # "auto" that chose the CPU's share on a setup of another name shows them too
+    assert "CPU experts/token" in bench.table([tg_row("cache-3mib", on)])
+
+
+def test_api_rows_carry_the_split_to_the_json(tiny: Path) -> None:
+    # a hybrid setup's Python run: moe_hybrid reaches the worker's Llama, and the split it reports is the row's
+    from pyllama_moe.tools.bench.api import api_measure
+
+    specs: list[dict[str, object]] = []
+    tg = bench.decode_hits(*(hybrid_stats(10, 1000, 40, 2), hybrid_stats(50, 5000, 100, 10)), tokens=20)
+
+    def run(cmd: list[str], env: dict[str, str]) -> str:
+        specs.append(json.loads(cmd[-1]))
+        return json.dumps({"pp_ts": 100.0, "pp_digest": "p", "n_gen": 20, "tg_ts": 50.0, "tg_digest": "t", "tg": tg})
+
+    setup = bench.setup_named("cache-25-auto")
+    assert setup is not None
+    rows = api_measure(tiny, setup, {}, 64, 64, 20, run=run)
+    assert specs[0]["kwargs"] == {**dict(setup.llama_kwargs), "moe_cache_mib": bench.cache_mib(tiny, setup)}
+    assert specs[0]["kwargs"]["moe_hybrid"] == "auto"  # type: ignore[index]
+    split = rows[1].cache["tg"]
+    assert (split["host_max"], split["host_expert_us"], split["upload_expert_us"], split["handoff_us"]) == \
+        (4, 30.0, 50.0, 4.0)

@@ -129,3 +129,16 @@ def test_draft_table() -> None:
     assert [c["same text"] for c in cells] == ["yes", "yes", "yes", "NO"]
     assert draft_table(rows[-1:]) == ""
     assert "gen128" not in table(rows)  # the measurements' table leaves them to this one
+
+
+def test_cache_counts_give_the_misses_the_cpu_computed() -> None:
+    # with moe_hybrid, a verification's misses split between uploads and the CPU: both per token
+    from pyllama_moe.moe import MoeCacheStats
+    from pyllama_moe.tools.bench.draft import cache_counts
+
+    before = MoeCacheStats(hits_device=10, misses_device=4, n_host=2)
+    after = MoeCacheStats(hits_device=40, misses_device=16, hits_small=5, misses_small=2, n_host=26)
+    got = cache_counts(before, after, decodes=4, tokens=8)
+    assert got == {"device_lookups": 42, "host_lookups": 7, "misses": 14, "misses_per_decode": 3.5,
+                   "misses_per_token": 1.75, "host_experts": 24, "host_per_token": 3.0}
+    assert cache_counts(None, after, 4, 8) == {}

@@ -86,14 +86,23 @@ def _delta(before: Stats, after: Stats) -> MoeCacheStats | None:
     return after - before
 
 
-def decode_hits(before: Stats, after: Stats) -> dict[str, float]:
+def decode_hits(before: Stats, after: Stats, tokens: int = 0) -> dict[str, float]:
     """The MoE cache's hits, misses and hit rate between two ``moe_cache_stats()`` in decode steps (looked up on the
-    device, or on the host for ubatches of <= 8); empty without a cache."""
+    device, or on the host for ubatches of <= 8); empty without a cache. With ``tokens`` (those decoded between the
+    two), the hybrid decode's figures too: its split (``host_max``, 0 where it is off, and the rates it follows:
+    ``host_expert_us``, ``upload_expert_us``, ``handoff_us``), the experts the CPU computed (``host_experts``), its
+    busy time (``host_busy_us``) and the experts uploaded (misses and the prediction's copies), and per token
+    (``MoeCacheStats.per_token``): ``host_per_token``, ``host_ms_per_token``, ``uploaded_per_token`` and
+    ``pcie_ms_per_token``, an estimate (the uploads times ``upload_expert_us``, not a measured busy time)."""
     d = _delta(before, after)
     if d is None:
         return {}
     hits, misses = d.hits("device", "small")
     res = {"hits": hits, "misses": misses, "hit_rate": 100.0 * hits / max(hits + misses, 1)}
+    if tokens > 0:
+        res.update(host_max=d.host_max, host_expert_us=d.host_expert_us, upload_expert_us=d.upload_expert_us,
+                   handoff_us=d.handoff_us, host_experts=d.n_host, host_busy_us=d.host_busy_us, uploaded=d.uploaded())
+        res.update({f"{k}_per_token": v for k, v in d.per_token(tokens).items()})
     if d.n_predicted:  # LLAMA_MOE_CACHE_PREDICT=N: the misses its prefetches turned into hits, the bytes for nothing
         expert_mib = d.bytes_predicted / d.n_predicted / 2**20
         res.update(predicted=d.n_predicted, predicted_used=d.n_predicted_used,

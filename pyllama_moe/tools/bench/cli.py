@@ -33,6 +33,7 @@ from pyllama_moe.tools.bench.api import api_measure
 from pyllama_moe.tools.bench.gpu_trace import TraceSummary
 from pyllama_moe.tools.bench.matrix import (
     DENSE_SETUPS,
+    HYBRID_SUFFIXES,
     KILL_SWITCHES,
     MMAP_SUFFIX,
     PRISTINE,
@@ -58,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--setups", help=f"comma list of {', '.join(SETUPS)} (default: all; the dense ones with --dense), "
                                      "cache-<N>mib (a cache of N MiB), fit-<G>gib and fit-<G>gib-cache (fit=True "
                                      "with G GiB of the GPU, without the cache and with moe_cache_mib='auto'); a cache "
-                                     "setup with -mmap appended loads the experts with mmap (e.g. cache-25-mmap)")
+                                     "setup with -mmap appended loads the experts with mmap (e.g. cache-25-mmap), with "
+                                     "-hybrid or -auto appended adds moe_hybrid=True or 'auto', the CPU computing a "
+                                     "share of the cache's misses (e.g. cache-25-hybrid; Python only)")
     ap.add_argument("--dense", type=Path, help="a dense GGUF model for the dense-* setups (with --preset, written "
                                                "there first if absent: the preset's shape as a dense qwen3)")
     ap.add_argument("--upstream", action="store_true",
@@ -149,7 +152,7 @@ def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
     unknown = [n for n in names if setup_named(n) is None]
     if unknown:
         ap.error(f"unknown setup {unknown[0]!r}; known: {', '.join(SETUPS)}, cache-<N>mib, fit-<G>gib[-cache], "
-                 f"a cache setup + {MMAP_SUFFIX}")
+                 f"a cache setup + {MMAP_SUFFIX}, + {' or '.join(HYBRID_SUFFIXES)}")
     if args.no_api and args.no_native:
         ap.error("--no-api and --no-native leave nothing to run")
     if not args.dense and any(n in DENSE_SETUPS for n in names):
@@ -215,7 +218,7 @@ def _run(p: Params) -> Result:
         if (setup.needs_gpu or setup.has_cache) and not gpu:
             res.skipped.append(name)
             continue
-        if setup.fit_gib and args.no_api:
+        if setup.python_only and args.no_api:
             res.skipped.append(f"{name} (Python only, --no-api)")
             continue
         model = args.dense if setup.dense else args.model

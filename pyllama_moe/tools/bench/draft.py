@@ -107,7 +107,8 @@ def prose_prompt(llm: Llama) -> list[int]:
 def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None, decodes: int,
                  tokens: int) -> dict[str, float]:
     """The MoE cache's experts looked up on the device and on the host (small and large ubatches), and the misses of
-    all three, between two ``moe_cache_stats()``, with the misses per decode and per token; empty without a cache."""
+    all three, between two ``moe_cache_stats()``, with the misses per decode and per token, and the misses the CPU
+    computed instead (``moe_hybrid``), in all and per token; empty without a cache."""
     if before is None or after is None:
         return {}
     d = after - before
@@ -115,7 +116,8 @@ def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None, deco
     host = d.hits("small", "large")
     misses = device[1] + host[1]
     return {"device_lookups": sum(device), "host_lookups": sum(host), "misses": misses,
-            "misses_per_decode": misses / max(decodes, 1), "misses_per_token": misses / max(tokens, 1)}
+            "misses_per_decode": misses / max(decodes, 1), "misses_per_token": misses / max(tokens, 1),
+            "host_experts": d.n_host, "host_per_token": d.per_token(tokens)["host"]}
 
 
 # prompt lookup; Replay of the text generated without a draft, or wrong; "-adapt": the same, its size chosen by

@@ -32,6 +32,18 @@ class Setup:
     def has_cache(self) -> bool:
         return self.cache_fraction > 0 or self.cache_mib_fixed > 0
 
+    @property
+    def hybrid(self) -> bool | str | None:
+        """``Llama``'s ``moe_hybrid`` of a ``-hybrid`` or ``-auto`` setup (True, ``"auto"``), None otherwise."""
+        value: bool | str | None = dict(self.llama_kwargs).get("moe_hybrid")
+        return value
+
+    @property
+    def python_only(self) -> bool:
+        """Run through the Python API only: a fit (ours is Python's) or the hybrid decode (the native tools have no
+        option for it, and would run the cache alone under its name)."""
+        return bool(self.fit_gib) or self.hybrid is not None
+
     def resolve(self, n_layer: int) -> Setup:
         """The setup with its placeholders filled in for a model of ``n_layer`` layers."""
         half = n_layer // 2
@@ -72,6 +84,8 @@ SETUPS: dict[str, Setup] = {
 DENSE_SETUPS = tuple(n for n, s in SETUPS.items() if s.dense)
 CACHE_MIB_SETUP = re.compile(r"cache-(\d+)mib")
 MMAP_SUFFIX = "-mmap"
+# a cache setup with one of these appended: Llama(moe_hybrid=...) beside it, Python only
+HYBRID_SUFFIXES: dict[str, bool | str] = {"-hybrid": True, "-auto": "auto"}
 
 
 FIT_SETUP = re.compile(r"fit-(\d+)gib(-cache)?")
@@ -81,9 +95,16 @@ def setup_named(name: str) -> Setup | None:
     """A setup of SETUPS, ``cache-<N>mib`` (the cache setups with a cache of N MiB), ``fit-<G>gib`` and
     ``fit-<G>gib-cache`` (``fit=True`` with G GiB of the first GPU, without the cache and with ``"auto"``), or a
     cache setup with ``-mmap`` appended: its experts loaded with mmap (llama.cpp's default load) instead of in
-    pinned memory, where a host lookup uploads its misses from page-cache pages."""
+    pinned memory, where a host lookup uploads its misses from page-cache pages; or a cache setup with ``-hybrid``
+    or ``-auto`` appended (``cache-25-hybrid``): the same with ``moe_hybrid=True`` or ``"auto"``, Python only."""
     if name in SETUPS:  # cpu_moe-mmap is a setup of its own
         return SETUPS[name]
+    for suffix, mode in HYBRID_SUFFIXES.items():
+        if name.endswith(suffix):
+            base = setup_named(name[:-len(suffix)])
+            if base is None or not base.has_cache or base.hybrid is not None:
+                return None
+            return dataclasses.replace(base, name=name, llama_kwargs=(*base.llama_kwargs, ("moe_hybrid", mode)))
     if name.endswith(MMAP_SUFFIX):
         base = setup_named(name[:-len(MMAP_SUFFIX)])
         if base is None or not base.has_cache:

@@ -103,7 +103,7 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
     """The native tools on ``setup`` with ``switches`` in their environment; ``tools``: a build folder whose
     tools run instead of ours, with no switch set (upstream's own, unpatched: the rows of ``switches`` PRISTINE)."""
     rows: list[Row] = []
-    if setup.fit_gib:  # our fit is Python's: no native run
+    if setup.python_only:  # our fit is Python's, and the tools have no option for the hybrid: no native run
         return rows
     env = switches if tools is None else {}
     if not setup.has_cache:

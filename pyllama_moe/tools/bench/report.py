@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from pyllama_moe.tools.bench.matrix import PRISTINE, UPSTREAM, upstream_switches
+from pyllama_moe.tools.bench.matrix import PRISTINE, UPSTREAM, setup_named, upstream_switches
 
 
 @dataclasses.dataclass
@@ -91,9 +91,30 @@ def generate_parts(label: str) -> tuple[str, int, str]:
     return parts[1], int(parts[3]) if len(parts) > 3 else 0, parts[4] if len(parts) > 4 else "-"
 
 
+HYBRID_HEAD = ("CPU experts/token", "CPU ms/token", "PCIe ms/token (est.)")
+
+
+def hybrid_cells(tg: dict[str, float]) -> list[str]:
+    """The hybrid decode's columns of a row's timed decode (``cache["tg"]``, :func:`.api.decode_hits`): the experts
+    the CPU computed per token, its busy milliseconds per token, and PCIe's busy milliseconds per token, an estimate:
+    the experts uploaded per token (the misses and the prediction's copies) times the upload time per expert that
+    the context measured when it was made. ``-`` without the figures (no cache, a native row)."""
+    if "host_per_token" not in tg:
+        return ["-"] * len(HYBRID_HEAD)
+    return [f"{tg['host_per_token']:.2f}", f"{tg['host_ms_per_token']:.3f}", f"{tg['pcie_ms_per_token']:.3f}"]
+
+
+def _hybrid_ran(rows: Iterable[Row]) -> bool:
+    """Whether a row asked for the hybrid decode (a ``-hybrid`` or ``-auto`` setup) or had it on: the table then
+    has its columns, for every row (the cache alone beside it, for the PCIe time it costs)."""
+    return any(((s := setup_named(r.setup)) is not None and s.hybrid is not None)
+               or bool(r.cache.get("tg", {}).get("host_max")) for r in rows)
+
+
 def table(rows: Iterable[Row]) -> str:
     """One line per setup and switch setting, one column per measurement, cache statistics last (--draft's
-    generation rows have a table of their own: :func:`draft_table`)."""
+    generation rows have a table of their own: :func:`draft_table`); where the hybrid decode ran, its columns after
+    them (:func:`hybrid_cells`)."""
     rows = [r for r in rows if "generate" not in r.cache]
     cols: list[str] = []
     for r in rows:
@@ -128,13 +149,18 @@ def table(rows: Iterable[Row]) -> str:
         if ft:
             hits = f"{ft['hit_rate']:.1f}% hits, " if "hit_rate" in ft else ""
             cell["first"] = f"{hits}{ft['s_with_prompt']:.2f} s with the prompt"
+        if tg and "host_per_token" in tg:
+            cell.update(zip(HYBRID_HEAD, hybrid_cells(tg), strict=True))
     head = ["setup", "switches", "via", *cols, "cache (decode)", "prefetch staging", "prompt copies per ubatch"]
     first = any("first" in cell for cell in lines.values())
     if first:
         head.append("tokens after the prompt")
+    hybrid = HYBRID_HEAD if _hybrid_ran(rows) else ()
+    head += hybrid
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (setup, sw, via), cell in lines.items():
         extra = [cell.get("first", "-")] if first else []
+        extra += [cell.get(h, "-") for h in hybrid]
         out.append("| " + " | ".join([setup, sw, via, *[cell.get(c, "-") for c in cols], cell.get("cache", "-"),
                                       cell.get("prefetch", "-"), cell.get("prompt", "-"), *extra]) + " |")
     return "\n".join(out)

@@ -96,7 +96,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
             with traced_first:
                 t_first, digest = decode(docs[n_prompt - 1: n_prompt - 1 + n_first])
             first = {"n": n_first, "ts": n_first / t_first, "s_with_prompt": t_pp + t_first, "digest": digest,
-                     "trace": traced_first.as_dict(), **decode_hits(stats_after, llm.moe_cache_stats())}
+                     "trace": traced_first.as_dict(), **decode_hits(stats_after, llm.moe_cache_stats(), n_first)}
         # decoding from an empty context, as llama-bench's tg: a few steps warm up, then the timed ones
         llm.reset()
         decode([llm.token_bos(), *code[:3]])
@@ -105,7 +105,7 @@ def api_worker(spec: dict[str, Any]) -> dict[str, Any]:
         t_tg, tg_digest = decode([llm.token_bos(), *code[: tg - 1]])
         out = {"pp_ts": n_prompt / t_pp, "pp_digest": pp_digest, "n_gen": tg, "tg_ts": tg / t_tg,
                "tg_digest": tg_digest, "placement": llm.placement, "pp_trace": traced.as_dict(),
-               "tg": decode_hits(before, llm.moe_cache_stats())}
+               "tg": decode_hits(before, llm.moe_cache_stats(), tg)}
         if drafts:
             out["generate"] = generate_with_drafts(llm, code, tg, drafts, bounds=spec.get("draft_bounds", False))
         if first:

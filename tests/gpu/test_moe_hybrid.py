@@ -1,0 +1,139 @@
+"""On a GPU: the hybrid decode (#41, ``Llama(moe_hybrid=...)``): in decode steps looked up on the device, the CPU
+computes a share of each MoE layer's cache misses from the host experts while PCIe uploads the rest. The CPU's kernels
+round otherwise than the GPU's, so its logits are compared for closeness with the cache alone's (top-1 agreement over
+128 teacher-forced positions, a bounded logit error), with both hand-offs; ``moe_hybrid=False`` stays byte-identical
+to a context made without the keyword; ``"auto"`` measures its rates.
+
+The model: 2 MoE layers of 76 experts (4 a token) of 13.5 KiB, 2 MiB of experts: a cache of 1 MiB holds about half
+of them, so decode steps miss. ``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer
+and ubatch, whatever the rates measured on this machine (on a model this small the upload may well be the faster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pyllama_moe import Llama
+from pyllama_moe.gguf_info import GGUFInfo
+from pyllama_moe.moe import MoeCacheStats
+
+pytestmark = pytest.mark.gpu
+N_POSITIONS = 128
+CACHE_MIB = 1
+# the environment each run starts from: the library's defaults (device lookups, the prediction at 2, no forced share)
+SWITCHES = ("LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_HYBRID_HANDOFF", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREDICT")
+FORCED = {"LLAMA_MOE_HYBRID_SHARE": "1.0"}
+# The largest logit difference allowed, over every position, as a share of the reference logits' spread (their
+# standard deviation over the vocabulary at that position). The CPU's part differs from the GPU's by rounding only:
+# both quantize the layer's input to 8 bits in blocks of 32 (q8_0 on the CPU, q8_1 on CUDA; a tie may round the
+# other way), the integer dot products are exact, the scaled sums and the sum of the partial outputs are added in
+# another order: relative errors of about 1e-6 to 1e-4 per expert output, well under 1% of the spread after 2
+# layers. A wrong computation is far larger: on this model, dropping one of a token's 4 experts in every layer
+# (expert_used_count 3, on the CPU build) moves every position's logits by at least 0.98 of their spread (2.4 in
+# the median) and keeps 20% of the top-1 picks. 0.02 is 50 times below the smallest such shift.
+MAX_ERROR = 0.02
+MIN_AGREEMENT = 0.97  # top-1 picks: 3 of 128 may part at near ties, which a random-weight model has plenty of
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pyllama_moe.tools import synth
+
+    path = synth.write_model(tmp_path_factory.mktemp("hybrid") / "qwen3moe.gguf", "tiny", arch="qwen3moe", skew=1.0,
+                             seed=9, n_expert=76, n_expert_used=4, n_ff_exp=128)
+    share = (CACHE_MIB << 20) / GGUFInfo.read(path).expert_bytes
+    assert 0.4 < share < 0.6, share  # "a cache of half its experts"
+    return path
+
+
+def tokens(bos: int) -> list[int]:
+    """The fixed sequence fed one token a step: BOS and 127 ids drawn once."""
+    return [bos, *(int(t) for t in np.random.default_rng(41).integers(100, 5000, N_POSITIONS - 1))]
+
+
+UNSET = object()
+
+
+def forced(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None) -> tuple[np.ndarray, MoeCacheStats]:
+    """The logits of every position of :func:`tokens` decoded one token a step (device lookups) through a cache of
+    half the experts, with ``moe_hybrid`` as given (not passed at all: UNSET) and ``env`` set, and the cache's
+    counts."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k in SWITCHES:
+            mp.delenv(k, raising=False)
+        for k, v in (env or {}).items():
+            mp.setenv(k, v)  # read when the context is made
+        kwargs = {} if hybrid is UNSET else {"moe_hybrid": hybrid}
+        with Llama(str(path), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=CACHE_MIB,
+                   logits_all=True, verbose=False, **kwargs) as llm:
+            for t in tokens(llm.token_bos()):
+                llm.eval([t])
+            logits = llm.scores[:N_POSITIONS].copy()
+            stats = llm.moe_cache_stats()
+    assert stats is not None and np.isfinite(logits).all()
+    return logits, stats
+
+
+@pytest.fixture(scope="module")
+def reference(moe: Path) -> tuple[np.ndarray, MoeCacheStats]:
+    """The cache alone (``moe_hybrid=False``): what the hybrid's logits are compared with."""
+    return forced(moe, False)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    agreement = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
+    error = float((np.abs(got - want).max(axis=1) / want.std(axis=1)).max())
+    print(f"{what}: top-1 agreement {agreement:.3f}, largest logit error {error:.2e} of the spread")
+    assert agreement >= MIN_AGREEMENT, (what, agreement)
+    assert error <= MAX_ERROR, (what, error)
+
+
+def test_hybrid_is_close_to_the_cache_alone(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
+    logits, stats = forced(moe, True, FORCED)
+    assert_close(logits, reference[0], "moe_hybrid=True")
+    # the CPU computed some of the misses (not counted as the device lookups' misses), in hand-offs it was busy in
+    assert stats.host_max > 0 and stats.n_host > 0, stats
+    assert stats.n_host_calls > 0 and stats.host_busy_us > 0, stats
+    # never more than its most per MoE layer and ubatch (2 layers, one token a ubatch)
+    assert stats.n_host <= N_POSITIONS * 2 * stats.host_max, stats
+    assert stats.hits_device + stats.misses_device > 0, stats  # decode looked up on the device
+    # the cache alone: nothing on the CPU
+    assert (reference[1].n_host, reference[1].n_host_calls, reference[1].host_max) == (0, 0, 0), reference[1]
+    print(f"split: host_max {stats.host_max}, {stats.n_host} experts on the CPU in {stats.n_host_calls} hand-offs, "
+          f"rates: CPU {stats.host_expert_us:.1f} us/expert, upload {stats.upload_expert_us:.1f} us/expert, "
+          f"hand-off {stats.handoff_us:.1f} us")
+
+
+def test_off_is_byte_identical_to_no_keyword(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
+    # moe_hybrid=False is the library's default: the same graph, the same logits byte for byte, nothing on the CPU
+    logits, stats = forced(moe)
+    assert logits.tobytes() == reference[0].tobytes()
+    assert (stats.n_host, stats.n_host_calls, stats.host_busy_us, stats.host_max) == (0, 0, 0, 0), stats
+    # the forced share does nothing while the hybrid is off
+    logits, stats = forced(moe, False, FORCED)
+    assert logits.tobytes() == reference[0].tobytes() and stats.n_host == 0, stats
+
+
+@pytest.mark.parametrize("handoff", ["func", "flags"])
+def test_both_handoffs_are_close(moe: Path, reference: tuple[np.ndarray, MoeCacheStats], handoff: str) -> None:
+    # LLAMA_MOE_HYBRID_HANDOFF chooses between the two ways the CPU learns its experts and hands back its part (a
+    # measurement; one of them goes): each computes on the CPU and stays close
+    logits, stats = forced(moe, True, {**FORCED, "LLAMA_MOE_HYBRID_HANDOFF": handoff})
+    assert stats.n_host > 0 and stats.host_max > 0, (handoff, stats)
+    assert_close(logits, reference[0], f"handoff {handoff}")
+
+
+def test_auto_measures_its_rates(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
+    # "auto" chooses from the rates it measures when the context is made: both measured; where it chose a share the
+    # logits are close, where it chose none they are the cache alone's, byte for byte
+    logits, stats = forced(moe, "auto")
+    assert stats.host_expert_us > 0 and stats.upload_expert_us > 0 and stats.handoff_us >= 0, stats
+    print(f"auto: host_max {stats.host_max}, CPU {stats.host_expert_us:.1f} us/expert, upload "
+          f"{stats.upload_expert_us:.1f} us/expert, hand-off {stats.handoff_us:.1f} us")
+    if stats.host_max == 0:
+        assert stats.n_host == 0 and logits.tobytes() == reference[0].tobytes(), stats
+    else:
+        assert_close(logits, reference[0], "moe_hybrid='auto'")
