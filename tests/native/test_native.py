@@ -61,6 +61,13 @@ def test_moe_cache_copy_of_mapped_experts() -> None:
     assert out.strip().endswith("OK"), out[-2000:]
 
 
+def test_moe_hybrid_cpu_part() -> None:
+    # the CPU's part of hybrid MoE decode (patch 0024): the weighted sum of the selections left to the CPU, computed
+    # from q4_0 host experts, against the experts computed in float from their dequantized weights
+    out = run("test-moe-hybrid")
+    assert "OK" in out.splitlines(), out[-2000:]
+
+
 def test_moe_cache_lru() -> None:
     # the MoE cache's host LRU: random plans, the seed's admits (slots refused, fewer slots than misses) and its
     # rollback's drops keep the slot list and the slot maps consistent; admit never gives one slot twice
