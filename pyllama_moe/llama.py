@@ -158,8 +158,9 @@ class Llama:
             moe_hybrid: in decode steps looked up on the device, the CPU computes a share of each MoE layer's cache
                 misses from the host experts while PCIe uploads the rest, the parts summed on the GPU; the share
                 follows from the upload and CPU rates the context measures when it is created (``moe_cache_stats()``
-                gives them and the experts the CPU computed). ``True``: on; ``"auto"``: on only where the CPU's share
-                pays, off where the CPU is the slower pipe; ``False`` or None (the default): off, results
+                gives them and the experts the CPU computed). ``True``: on; ``"auto"``: on only while the device lookups
+                miss enough for the CPU's share to pay (decided every 32 decode steps), never where the CPU is more
+                than twice as slow as the upload; ``False`` or None (the default): off, results
                 byte-identical to a context without it. On, results are close to, not byte-identical with, the GPU's
                 (the CPU's kernels round differently). Needs the MoE cache (``moe_cache_mib``): without one it is
                 ignored with a warning.
