@@ -19,51 +19,10 @@ from pyllama_moe.ffi import lib
 from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.tools import synth
 
-from fixtures.native import decode_chunks, greedy, model
+from fixtures.archs import EVICTS, HOLDS, MOE_ARCHS, check_switches, chunks, tiny
+from fixtures.native import decode_chunks, model
 
 pytestmark = pytest.mark.gpu
-PROMPT = " ".join(["The quick brown fox jumps over the lazy dog"] * 5)  # more than 32 tokens
-MOE_ARCHS = list(synth.MOE_ARCHITECTURES)
-EVICTS, HOLDS = 48 << 10, 16 << 20  # a handful of the tiny experts' slots, and all of them
-
-# (LLAMA_MOE_CACHE_DEVICE, LLAMA_MOE_CACHE_PREDICT, other switches) beside the host LRU without a prediction
-VARIANTS = [
-    ("1", "0", {}),
-    ("1", "2", {}),
-    ("1", "8", {}),
-    ("1", "2", {"LLAMA_MOE_CACHE_SEED": "0"}),
-    ("1", "2", {"LLAMA_MOE_CACHE_PREFETCH": "0"}),
-    ("0", "2", {}),  # the prediction is made only after a device lookup: nothing changes on the host path
-]
-
-
-def tiny(tmp_path: Path, arch: str, **shape: Any) -> Path:
-    # skewed routing (a few hot experts) where synth writes it, uniform otherwise
-    skew = 1.0 if arch in ("qwen3moe", "gpt-oss") else 0.0
-    return synth.write_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, skew=skew, seed=9, **shape)
-
-
-def run(monkeypatch: pytest.MonkeyPatch, path: Path, cache_bytes: int, device: str, predict: str,
-        env: dict[str, str]) -> tuple[list[int], np.ndarray]:
-    for k in ("LLAMA_MOE_CACHE_SEED", "LLAMA_MOE_CACHE_PREFETCH"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    with model(path, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
-        return greedy(m, PROMPT, 16, moe_cache_size=cache_bytes)
-
-
-def check_switches(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    for cache_bytes in (EVICTS, HOLDS):
-        want_tokens, want_logits = run(monkeypatch, path, cache_bytes, "0", "0", {})
-        assert np.isfinite(want_logits).all()
-        for device, predict, env in VARIANTS:
-            tokens, logits = run(monkeypatch, path, cache_bytes, device, predict, env)
-            what = f"{path.stem}: cache {cache_bytes >> 10} KiB, device {device}, predict {predict}, {env}"
-            assert tokens == want_tokens, what
-            assert logits.tobytes() == want_logits.tobytes(), what
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
@@ -77,24 +36,6 @@ def test_expert_counts_identical_across_switches(monkeypatch: pytest.MonkeyPatch
     path = synth.write_model(tmp_path / f"qwen3moe-{n_expert}.gguf", "tiny", arch="qwen3moe", skew=1.0, seed=9,
                              n_expert=n_expert, n_expert_used=8)
     check_switches(monkeypatch, path)
-
-
-SIZES = [1, 2, 8, 9, 32]  # decode ubatches in turn: within the device lookup's 32 tokens where the cache allows
-
-
-def chunks(monkeypatch: pytest.MonkeyPatch, path: Path, cache_bytes: int, device: str,
-           predict: str) -> tuple[np.ndarray, Any]:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", device)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
-    with model(path, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
-        from pyllama_moe.ffi import ffi
-
-        vocab = lib.llama_model_get_vocab(m)
-        text = (PROMPT * 4).encode()
-        buf = ffi.new("llama_token[]", 1024)
-        n = lib.llama_tokenize(vocab, text, len(text), buf, 1024, True, False)
-        assert n > 100
-        return decode_chunks(m, list(buf[0:n]), SIZES, moe_cache_size=cache_bytes)
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
