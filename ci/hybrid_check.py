@@ -2,7 +2,7 @@
 hybrid off, on with each hand-off (``LLAMA_MOE_HYBRID_HANDOFF`` func and flags) and auto; per run the decode speed,
 the device lookups' hit rate, the experts the CPU computed per token, the CPU's busy time per token, the rates the
 share followed from, and against the run with the hybrid off: the top-1 agreement and the largest logit difference.
-``ci/gpu.sh hybrid-check`` runs it.
+``ci/gpu_session.steps`` runs it.
 
     python ci/hybrid_check.py MODEL.gguf [--fraction 0.25] [--tokens 128] [--json OUT]
 """
