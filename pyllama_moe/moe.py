@@ -88,16 +88,23 @@ def placement_overrides(cpu_moe: bool = False, n_cpu_moe: int = 0,
     return out
 
 
+def cache_on_cpu() -> bool:
+    """``LLAMA_MOE_CACHE_CPU=1`` (for tests and dry runs of the GPU scripts): the library lets the CPU backend stand
+    for the MoE cache's device, so the cache, its device lookups and the hybrid decode run without a GPU."""
+    return os.environ.get("LLAMA_MOE_CACHE_CPU", "").strip() == "1"
+
+
 def cache_size(moe_cache_mib: int | str) -> int | str:
     """Bytes of the device MoE cache, or ``"auto"``; 0 disables it.
 
     Without a GPU, upstream's cache fails the context (llama_moe_cache: "MoE cache requires a GPU
-    backend"); as llama.cpp does for ``-ngl`` without a GPU, the knob is then ignored with a warning.
+    backend"); as llama.cpp does for ``-ngl`` without a GPU, the knob is then ignored with a warning (unless
+    ``LLAMA_MOE_CACHE_CPU=1``).
     """
     if moe_cache_mib == "auto":
         return "auto"
     size = check_int("moe_cache_mib", moe_cache_mib, 0, 2**44) * MIB
-    if size and not backend.gpu_available():
+    if size and not backend.gpu_available() and not cache_on_cpu():
         logger.warning("moe_cache_mib=%d ignored: the MoE cache needs a GPU and none is available", moe_cache_mib)
         return 0
     return size
@@ -296,6 +303,8 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
     if cache_bytes == 0 and cparams.hybrid_asked():  # the library accepts it and does nothing, as for the prediction
         logger.warning("moe_hybrid ignored: the CPU's share of the decode is a share of the MoE cache's misses, and "
                        "there is no cache (moe_cache_mib, on a GPU)")
+    if cache_bytes and cache_on_cpu():  # the cache reads the experts from plain host buffers, not the CPU's repacked ones
+        mparams.set_extra_bufts(False)
     cache_load_mode(path, mparams, cache_bytes)
     return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode))
 

@@ -156,6 +156,10 @@ class ModelParams:
         self._keep.append(arr)
         self.ptr.tensor_split = arr
 
+    def set_extra_bufts(self, on: bool) -> None:
+        """Whether the CPU may keep weights in its extra (repacked) buffer types, llama.cpp's ``--no-repack``."""
+        self.ptr.use_extra_bufts = check_bool("use_extra_bufts", on)
+
     def set_devices(self, devices: Sequence[Any]) -> None:
         """The devices the model may use (``ggml_backend_dev_t``s), instead of llama.cpp's choice."""
         arr = ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL])

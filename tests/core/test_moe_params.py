@@ -136,6 +136,17 @@ def test_moe_cache_without_gpu_warns_and_runs(caplog: pytest.LogCaptureFixture, 
     assert any("moe_cache_mib=64 ignored" in r.getMessage() for r in caplog.records)
 
 
+def test_moe_cache_on_the_cpu_standing_for_the_device(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    # LLAMA_MOE_CACHE_CPU=1 (tests, dry runs): Llama keeps the cache, with the experts in plain host buffers
+    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+    with Llama(str(path), n_ctx=64, moe_cache_mib=1, cpu_moe=True, verbose=False) as llm:
+        assert llm.context_params.ptr.moe_cache_size == 1 << 20
+        assert not llm.model_params.ptr.use_extra_bufts
+        assert llm("a", max_tokens=4, temperature=0)["usage"]["completion_tokens"] >= 1
+        stats = llm.moe_cache_stats()
+        assert stats is not None and sum(stats.hits("device")) > 0
+
+
 def test_fit_runs(path: Path) -> None:
     with Llama(str(path), n_ctx=64, fit=True, fit_target_mib=256, moe_cache_mib="auto", verbose=False) as llm:
         assert llm("a", max_tokens=2, temperature=0)["usage"]["completion_tokens"] >= 1

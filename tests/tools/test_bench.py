@@ -530,3 +530,23 @@ def test_api_rows_carry_the_split_to_the_json(tiny: Path) -> None:
     split = rows[1].cache["tg"]
     assert (split["host_max"], split["host_expert_us"], split["upload_expert_us"], split["handoff_us"]) == \
         (4, 30.0, 50.0, 4.0)
+
+
+def test_cache_setups_run_where_the_cpu_stands_for_the_device(tiny: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # LLAMA_MOE_CACHE_CPU=1: the cache's setups (and the hybrid's) run their Python paths on the CPU, a dry run of
+    # the GPU window's bench; without it they are skipped for want of a GPU
+    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(tiny), "--setups", "cache-50,cache-50-hybrid", "--pp", "32", "--ub", "32", "--tg", "8",
+                     "--reps", "1", "--no-native", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "not run" not in text, text
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["tool"] == "python"]
+    assert sorted({r["setup"] for r in rows}) == ["cache-50", "cache-50-hybrid"]
+    for r in rows:
+        looked_up = r["cache"]["device lookups"]
+        assert looked_up["hits"] + looked_up["misses"] > 0, r
+        assert r["cache"]["placement"]["moe_cache_mib"] > 0
+    assert "CPU experts/token" in text  # the hybrid's columns

@@ -207,15 +207,16 @@ class Result:
 
 def _run(p: Params) -> Result:
     """Every setup under every switch setting: the native tools' runs and the Python API's."""
-    from pyllama_moe import backend
+    from pyllama_moe import backend, moe
 
     args = p.args
     gpu = backend.gpu_available()
+    cache = gpu or moe.cache_on_cpu()  # LLAMA_MOE_CACHE_CPU=1: the cache's setups run on the CPU (a dry run)
     res = Result(args.model, routing_regime(args.model), args.dense)
     for name in p.names:
         setup = setup_named(name)
         assert setup is not None
-        if (setup.needs_gpu or setup.has_cache) and not gpu:
+        if not (cache if setup.has_cache else gpu or not setup.needs_gpu):
             res.skipped.append(name)
             continue
         if setup.python_only and args.no_api:
