@@ -372,7 +372,7 @@ class MoeCacheStats:
     n_predicted_used: int = 0
     n_predicted_wasted: int = 0
     bytes_predicted: int = 0
-    n_host: int = 0  # misses of the device lookups the CPU computed (not in misses_device)
+    n_host: int = 0  # misses of the device lookups the CPU computed (in misses_device too, not uploaded)
     n_host_calls: int = 0  # hand-offs that gave the CPU work
     host_busy_us: int = 0  # the CPU's busy time in them
     host_expert_us: float = 0.0  # the rates measured when the context was made, which the split follows from
@@ -417,14 +417,14 @@ class MoeCacheStats:
                                mib_host_per_ubatch=self.bytes_prefetch_host / n / 2**20)
         # the share of the device lookups' misses the CPU computed, and per hand-off that gave it work
         calls = max(self.n_host_calls, 1)
-        out["hybrid"].update(share=self.n_host / max(self.n_host + self.misses_device, 1),
+        out["hybrid"].update(share=self.n_host / max(self.misses_device, 1),
                              experts_per_call=self.n_host / calls, busy_us_per_call=self.host_busy_us / calls)
         return out
 
     def uploaded(self) -> int:
         """Experts uploaded to the device for decode: the misses of the device and small lookups, and the experts
         the prediction copied (the misses the CPU computed are not uploaded)."""
-        return self.misses_device + self.misses_small + self.n_predicted
+        return self.misses_device - self.n_host + self.misses_small + self.n_predicted
 
     def per_token(self, tokens: int) -> dict[str, float]:
         """The hybrid decode's split over ``tokens`` tokens (those decoded between the two readings of ``b - a``):

@@ -359,11 +359,11 @@ def hybrid_stats(n_host: int, calls: int, busy_us: int, misses: int, predicted: 
 
 
 def test_moe_cache_stats_hybrid_group() -> None:
-    st = hybrid_stats(n_host=30, calls=10, busy_us=1200, misses=90)
+    st = hybrid_stats(n_host=30, calls=10, busy_us=1200, misses=120)
     g = st["hybrid"]
     assert (g["experts"], g["calls"], g["busy_us"], g["host_max"]) == (30, 10, 1200, 3)
     assert (g["host_expert_us"], g["upload_expert_us"], g["handoff_us"]) == (40.0, 25.0, 5.0)
-    # the CPU computed 30 of the device lookups' 120 misses (the 90 uploaded do not count its 30), 3 a hand-off
+    # the CPU computed 30 of the device lookups' 120 misses (the other 90 uploaded), 3 a hand-off
     assert g["share"] == 0.25 and g["experts_per_call"] == 3.0 and g["busy_us_per_call"] == 120.0
     assert moe.MoeCacheStats()["hybrid"]["share"] == 0.0  # nothing looked up: no division by zero
     assert moe.MoeCacheStats.from_dict(st.as_dict()) == st  # the rates come back as floats, the counts as ints
@@ -371,16 +371,17 @@ def test_moe_cache_stats_hybrid_group() -> None:
 
 def test_moe_cache_stats_difference_keeps_the_split() -> None:
     # the counts are differences; host_max and the rates are what the context chose when it was made: the later's
-    a = hybrid_stats(n_host=30, calls=10, busy_us=1200, misses=90)
-    b = hybrid_stats(n_host=50, calls=14, busy_us=2000, misses=130, predicted=4)
+    a = hybrid_stats(n_host=30, calls=10, busy_us=1200, misses=120)
+    b = hybrid_stats(n_host=50, calls=14, busy_us=2000, misses=180, predicted=4)
     d = b - a
-    assert (d.n_host, d.n_host_calls, d.host_busy_us, d.misses_device, d.n_predicted) == (20, 4, 800, 40, 4)
+    assert (d.n_host, d.n_host_calls, d.host_busy_us, d.misses_device, d.n_predicted) == (20, 4, 800, 60, 4)
     assert (d.host_max, d.host_expert_us, d.upload_expert_us, d.handoff_us) == (3, 40.0, 25.0, 5.0)
 
 
 def test_moe_cache_stats_per_token() -> None:
-    d = hybrid_stats(n_host=20, calls=4, busy_us=800, misses=40, predicted=4)
-    # over 10 tokens: 2 experts a token on the CPU, 0.08 ms of its time; 44 uploads (misses and predicted copies)
+    d = hybrid_stats(n_host=20, calls=4, busy_us=800, misses=60, predicted=4)
+    # over 10 tokens: 2 experts a token on the CPU, 0.08 ms of its time; 44 uploads (the 40 misses it left and the
+    # predicted copies)
     # of 25 us each: 0.11 ms of PCIe a token
     assert d.uploaded() == 44
     assert d.per_token(10) == pytest.approx({"host": 2.0, "host_ms": 0.08, "uploaded": 4.4, "pcie_ms": 0.11})

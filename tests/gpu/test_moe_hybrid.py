@@ -94,7 +94,7 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 def test_hybrid_is_close_to_the_cache_alone(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
     logits, stats = forced(moe, True, FORCED)
     assert_close(logits, reference[0], "moe_hybrid=True")
-    # the CPU computed some of the misses (not counted as the device lookups' misses), in hand-offs it was busy in
+    # the CPU computed some of the misses (the device lookups' misses count them too), in hand-offs it was busy in
     assert stats.host_max > 0 and stats.n_host > 0, stats
     assert stats.n_host_calls > 0 and stats.host_busy_us > 0, stats
     # never more than its most per MoE layer and ubatch (2 layers, one token a ubatch)

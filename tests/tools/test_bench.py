@@ -473,11 +473,11 @@ def hybrid_stats(n_host: int, busy_us: int, misses: int, predicted: int, host_ma
 
 
 def test_decode_hits_give_the_hybrid_split_per_token() -> None:
-    before, after = hybrid_stats(10, 1000, 40, 2), hybrid_stats(50, 5000, 100, 10)
+    before, after = hybrid_stats(10, 1000, 50, 2), hybrid_stats(50, 5000, 150, 10)
     got = bench.decode_hits(before, after, tokens=20)
-    # 40 experts on the CPU in 20 tokens, 4 ms of its time; 60 misses and 8 predicted copies uploaded at 50 us each
+    # 100 misses: 40 computed on the CPU in 20 tokens, 4 ms of its time; 60 uploaded with 8 predicted copies at 50 us
     assert got == pytest.approx({
-        "hits": 0, "misses": 60, "hit_rate": 0.0, "host_max": 4, "host_expert_us": 30.0, "upload_expert_us": 50.0,
+        "hits": 0, "misses": 100, "hit_rate": 0.0, "host_max": 4, "host_expert_us": 30.0, "upload_expert_us": 50.0,
         "handoff_us": 4.0, "host_experts": 40, "host_busy_us": 4000, "uploaded": 68, "host_per_token": 2.0,
         "host_ms_per_token": 0.2, "uploaded_per_token": 3.4, "pcie_ms_per_token": 0.17,
         "predicted": 8, "predicted_used": 0, "hidden": 0.0, "wasted_mib": 0.0})
@@ -494,7 +494,7 @@ def tg_row(setup: str, stats: tuple[MoeCacheStats, MoeCacheStats] | None) -> ben
 
 def test_table_has_the_hybrid_columns_where_it_ran() -> None:
     off = (hybrid_stats(0, 0, 40, 2, host_max=0), hybrid_stats(0, 0, 160, 10, host_max=0))
-    on = (hybrid_stats(10, 1000, 40, 2), hybrid_stats(50, 5000, 100, 10))
+    on = (hybrid_stats(10, 1000, 50, 2), hybrid_stats(50, 5000, 150, 10))
     head = ("| setup | switches | via | tg20 | cache (decode) | prefetch staging | prompt copies per ubatch |")
     # without a hybrid setup or split, the table as it was
     assert bench.table([tg_row("cache-25", off), tg_row("gpu", None)]).splitlines()[0] == head

@@ -136,9 +136,10 @@ def test_cache_counts_give_the_misses_the_cpu_computed() -> None:
     from pyllama_moe.moe import MoeCacheStats
     from pyllama_moe.tools.bench.draft import cache_counts
 
-    before = MoeCacheStats(hits_device=10, misses_device=4, n_host=2)
-    after = MoeCacheStats(hits_device=40, misses_device=16, hits_small=5, misses_small=2, n_host=26)
+    before = MoeCacheStats(hits_device=10, misses_device=6, n_host=2)
+    after = MoeCacheStats(hits_device=40, misses_device=42, hits_small=5, misses_small=2, n_host=26)
     got = cache_counts(before, after, decodes=4, tokens=8)
-    assert got == {"device_lookups": 42, "host_lookups": 7, "misses": 14, "misses_per_decode": 3.5,
-                   "misses_per_token": 1.75, "host_experts": 24, "host_per_token": 3.0}
+    # the device lookups' 36 misses count the 24 the CPU computed
+    assert got == {"device_lookups": 66, "host_lookups": 7, "misses": 38, "misses_per_decode": 9.5,
+                   "misses_per_token": 4.75, "host_experts": 24, "host_per_token": 3.0}
     assert cache_counts(None, after, 4, 8) == {}

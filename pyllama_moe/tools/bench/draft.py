@@ -107,8 +107,8 @@ def prose_prompt(llm: Llama) -> list[int]:
 def cache_counts(before: MoeCacheStats | None, after: MoeCacheStats | None, decodes: int,
                  tokens: int) -> dict[str, float]:
     """The MoE cache's experts looked up on the device and on the host (small and large ubatches), and the misses of
-    all three, between two ``moe_cache_stats()``, with the misses per decode and per token, and the misses the CPU
-    computed instead (``moe_hybrid``), in all and per token; empty without a cache."""
+    all three, between two ``moe_cache_stats()``, with the misses per decode and per token, and those of them the CPU
+    computed instead of uploading (``moe_hybrid``), in all and per token; empty without a cache."""
     if before is None or after is None:
         return {}
     d = after - before
