@@ -303,7 +303,7 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
     if cache_bytes == 0 and cparams.hybrid_asked():  # the library accepts it and does nothing, as for the prediction
         logger.warning("moe_hybrid ignored: the CPU's share of the decode is a share of the MoE cache's misses, and "
                        "there is no cache (moe_cache_mib, on a GPU)")
-    if cache_bytes and cache_on_cpu():  # the cache reads the experts from plain host buffers, not the CPU's repacked ones
+    if cache_bytes and cache_on_cpu():  # the cache reads the experts from plain host buffers, not repacked ones
         mparams.set_extra_bufts(False)
     cache_load_mode(path, mparams, cache_bytes)
     return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode))

@@ -144,6 +144,12 @@ class Sampler:
     def ptr(self) -> Any:
         return check_closed(self._ptr, "sampler")
 
+    @property
+    def in_python(self) -> bool:
+        """Whether :meth:`sample` takes its token in Python (greedy, the largest logit) rather than through the
+        native chain (``llama_sampler_sample``, which copies every logit first)."""
+        return self._argmax
+
     def sample(self, ctx: Context, idx: int = -1, logits: np.ndarray | None = None) -> int:
         """Sample from output ``idx`` of the context's last decode and accept the token: one call. ``logits``: that
         output's logits when the caller has them already (a view of the context's outputs, not written)."""

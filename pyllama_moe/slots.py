@@ -10,16 +10,23 @@ leaves: the next request given to it keeps the prefix they share and evaluates t
 
 A step decodes as many tokens as there are generating slots, plus prompt chunks up to ``n_batch``: with more than
 32 tokens in a ubatch the MoE cache takes its host lookup path (``large``) instead of the device lookup.
+
+The slots whose chain samples natively (all but greedy sampling: ``llama_sampler_sample`` copies every logit into
+token data and runs the chain, half a millisecond a slot with a 49k vocabulary) draw their tokens in a pool of
+threads (``PYLLAMA_MOE_SAMPLE_THREADS``; the C calls release the interpreter), each chain on its own output, the
+decode's logits read-only; the tokens are then taken in slot order by the step's thread, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +138,8 @@ class Slots:
         self._closed = False
         self._moves = -1  # the session's count of moves after the last step: another call moved the context
         self._events: list[tuple[Job, Any]] = []  # the step's, handed over at its end
+        n_draw = sample_threads(n_parallel)
+        self._draws = ThreadPoolExecutor(n_draw, thread_name_prefix="pyllama_moe-sample") if n_draw > 1 else None
         self._thread = threading.Thread(target=self._loop, name="pyllama_moe-slots", daemon=True)
         self._thread.start()
 
@@ -166,6 +175,8 @@ class Slots:
         if self._thread is not threading.current_thread():
             self._thread.join()
         self._fail_all(LlamaError("the parallel slots were closed"))
+        if self._draws is not None:
+            self._draws.shutdown()
         self._batch.close()
 
     # the worker
@@ -210,8 +221,9 @@ class Slots:
             self.stats.steps += 1
             # the outputs' logits read in place, one call for the step: the j-th output is rows[j]'s
             logits = self.ctx.logits_view(len(rows))
-            for j, (slot, row) in enumerate(rows):
-                self._sample(slot, row, logits[j])
+            drawn = self._draw(rows, logits)
+            for j, (slot, _) in enumerate(rows):
+                self._sample(slot, logits[j], drawn[j])
         if session.n_tokens:  # the single-request path's tokens are gone from sequence 0
             session.reset()
         self._moves = session.moves
@@ -294,17 +306,37 @@ class Slots:
             del s.pending[:n]
         return rows
 
-    def _sample(self, slot: _Slot, row: int, out: np.ndarray) -> None:
-        """Sample the slot's token from its output (batch index ``row``, logits ``out``: a view, valid in this step)."""
-        job, sampler = slot.job, slot.sampler
-        assert job is not None and sampler is not None
+    def _draw(self, rows: list[tuple[_Slot, int]], logits: np.ndarray) -> list[int | BaseException]:
+        """Each output's token from its slot's sampler (batch index ``row``, logits ``logits[j]``: views, valid in
+        this step), or the exception its chain raised (a grammar with no way on fails its own request only). The
+        native chains' draws run in the pool where there are two or more; each touches its own chain only."""
+
+        def draw(j: int) -> int | BaseException:
+            slot, row = rows[j]
+            assert slot.sampler is not None
+            try:
+                return slot.sampler.sample(self.ctx, row, logits[j])
+            except BaseException as e:  # noqa: BLE001 - handed to the request
+                return e
+
+        order = range(len(rows))
+        native = [j for j in order if not (sampler := rows[j][0].sampler) or not sampler.in_python]
+        if self._draws is None or len(native) < 2:
+            return [draw(j) for j in order]
+        drawn: dict[int, int | BaseException] = dict(zip(native, self._draws.map(draw, native), strict=True))
+        return [drawn[j] if j in drawn else draw(j) for j in order]
+
+    def _sample(self, slot: _Slot, out: np.ndarray, drawn: int | BaseException) -> None:
+        """Take the slot's token ``drawn`` from its output (logits ``out``: a view, valid in this step), or fail its
+        request with the exception its sampler raised."""
+        job = slot.job
+        assert job is not None
         completion = job.completion
-        try:
-            token = sampler.sample(self.ctx, row, out)
-            logits = out if completion.lp is not None else None  # read by accept (logprobs), not kept
-        except BaseException as e:  # noqa: BLE001 - a grammar with no way on fails its own request only
-            self._finish(slot, e)
+        if isinstance(drawn, BaseException):
+            self._finish(slot, drawn)
             return
+        token = drawn
+        logits = out if completion.lp is not None else None  # read by accept (logprobs), not kept
         if job.t_first is None:
             job.t_first = time.perf_counter()
             self.stats.ttft_seconds_sum += job.t_first - job.t_submit
@@ -371,3 +403,16 @@ class Slots:
             job.events.put(_END)
         with contextlib.suppress(Exception):
             self.ctx.memory_clear()
+
+
+def sample_threads(n_parallel: int) -> int:
+    """The threads that draw the slots' tokens from native chains: ``PYLLAMA_MOE_SAMPLE_THREADS`` (1: in the step's
+    thread, as before), else one a slot up to the CPUs there are."""
+    env = os.environ.get("PYLLAMA_MOE_SAMPLE_THREADS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"PYLLAMA_MOE_SAMPLE_THREADS must be a whole number, got {env!r}") from None
+        return max(1, min(n, n_parallel))
+    return max(1, min(n_parallel, os.cpu_count() or 1))

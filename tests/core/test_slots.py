@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,71 @@ def test_the_single_request_path_between_slot_steps(llm: Llama) -> None:
     text = llm.create_completion(PROMPTS[4], max_tokens=8, temperature=0)["choices"][0]["text"]
     assert llm.submit_completion(PROMPTS[4], max_tokens=8, temperature=0).result()["choices"][0]["text"] == text
     assert llm.create_completion(PROMPTS[4], max_tokens=8, temperature=0)["choices"][0]["text"] == text
+
+
+def sampled_texts(tiny: Path, monkeypatch: pytest.MonkeyPatch, threads: str, fail: str | None = None) -> list[Any]:
+    """Four sampled requests side by side (seeded draws, each from its own chain) and a greedy one, with
+    ``PYLLAMA_MOE_SAMPLE_THREADS=threads``; the texts, or the exceptions of the requests that failed. ``fail``: the
+    prompt whose chain raises when it draws."""
+    from pyllama_moe import slots as slots_mod
+    from pyllama_moe.sampler import Sampler
+
+    monkeypatch.setenv("PYLLAMA_MOE_SAMPLE_THREADS", threads)
+    sample = Sampler.sample
+    failing: set[int] = set()
+
+    def breaks(self: Sampler, *args: Any) -> int:
+        if id(self) in failing:
+            raise LlamaError("this chain breaks")
+        return sample(self, *args)
+
+    monkeypatch.setattr(Sampler, "sample", breaks)
+    with Llama(str(tiny), n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=5, verbose=False) as llm:
+        llm.submit_completion("warm", max_tokens=1).result()  # the slots made
+        slots = llm.slots
+        assert slots is not None and (slots._draws is not None) == (slots_mod.sample_threads(5) > 1)
+        jobs = [llm.submit_completion(p, max_tokens=16, temperature=1.0, seed=7 + i) for i, p in enumerate(PROMPTS[:4])]
+        jobs.append(llm.submit_completion(PROMPTS[4], max_tokens=16, temperature=0))
+        if fail is not None:
+            def chain() -> int | None:
+                for s in slots.slots:
+                    job, sampler = s.job, s.sampler
+                    if job is not None and sampler is not None and job.completion.req.prompt_text == fail:
+                        return id(sampler)
+                return None
+
+            assert _wait(lambda: chain() is not None)
+            failing.add(chain() or 0)
+        out: list[Any] = []
+        for j in jobs:
+            try:
+                out.append(j.result()["choices"][0]["text"])
+            except LlamaError as e:
+                out.append(e)
+        return out
+
+
+def test_sampled_slots_draw_in_threads_what_one_thread_draws(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the native chains' draws in a pool (PYLLAMA_MOE_SAMPLE_THREADS) give each slot the token the step's thread
+    # gives it: the same batches, the same logits, each chain its own output; a mix-up of outputs and chains shows
+    one = sampled_texts(tiny, monkeypatch, "1")
+    assert len(set(one)) == 5  # five different texts
+    assert sampled_texts(tiny, monkeypatch, "4") == one
+
+
+def test_a_chain_that_raises_in_the_pool_fails_its_request_only(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    got = sampled_texts(tiny, monkeypatch, "4", fail=PROMPTS[1])
+    assert isinstance(got[1], LlamaError) and "breaks" in str(got[1])
+    assert all(isinstance(t, str) for i, t in enumerate(got) if i != 1)
+
+
+def test_sample_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyllama_moe.slots import sample_threads
+
+    monkeypatch.setenv("PYLLAMA_MOE_SAMPLE_THREADS", "8")
+    assert sample_threads(4) == 4 and sample_threads(16) == 8
+    monkeypatch.setenv("PYLLAMA_MOE_SAMPLE_THREADS", "0")
+    assert sample_threads(4) == 1  # in the step's thread
+    monkeypatch.setenv("PYLLAMA_MOE_SAMPLE_THREADS", "many")
+    with pytest.raises(ValueError, match="PYLLAMA_MOE_SAMPLE_THREADS"):
+        sample_threads(4)
