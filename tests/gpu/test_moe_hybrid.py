@@ -4,8 +4,8 @@ round otherwise than the GPU's, so its logits are compared for closeness with th
 128 teacher-forced positions, a bounded logit error), with both hand-offs; ``moe_hybrid=False`` stays byte-identical
 to a context made without the keyword; ``"auto"`` measures its rates.
 
-The model: 2 MoE layers of 76 experts (4 a token) of 13.5 KiB, 2 MiB of experts: a cache of 1 MiB holds about half
-of them, so decode steps miss. ``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer
+The models (qwen3moe, and gpt-oss with its biases and clamped activation): 2 MoE layers of 76 experts (4 a token),
+about 2 MiB of experts: a cache of 1 MiB holds about half of them, so decode steps miss. ``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer
 and ubatch, whatever the rates measured on this machine (on a model this small the upload may well be the faster)."""
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ MAX_ERROR = 0.02
 MIN_AGREEMENT = 0.97  # top-1 picks: 3 of 128 may part at near ties, which a random-weight model has plenty of
 
 
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["qwen3moe", "gpt-oss"])
+def moe(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    # qwen3moe's SwiGLU experts, and gpt-oss's with per-expert biases and a clamped SwiGLU
     from pyllama_moe.tools import synth
 
-    path = synth.write_model(tmp_path_factory.mktemp("hybrid") / "qwen3moe.gguf", "tiny", arch="qwen3moe", skew=1.0,
+    arch = request.param
+    path = synth.write_model(tmp_path_factory.mktemp("hybrid") / f"{arch}.gguf", "tiny", arch=arch, skew=1.0,
                              seed=9, n_expert=76, n_expert_used=4, n_ff_exp=128)
     share = (CACHE_MIB << 20) / GGUFInfo.read(path).expert_bytes
     assert 0.4 < share < 0.6, share  # "a cache of half its experts"
