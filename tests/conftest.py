@@ -1,5 +1,10 @@
 """The report header names the build under test (series, backends, devices); GPU tests skip without a GPU.
 
+``PYLLAMA_MOE_GPU_TESTS_ON_CPU=1`` runs them without one, the CPU standing for the MoE cache's device
+(``LLAMA_MOE_CACHE_CPU=1``): a dry run of a GPU window's tests (their fixtures, their expectations of the device
+lookups, the prediction and the hybrid decode). Tests of the host path's counts (small and large lookups, seeds,
+prefetch staging) fail there by design: the CPU device's host lookups read the host experts without the cache.
+
 The shared fixtures and helpers are the ``fixtures`` package beside this file, loaded as plugins. This folder has
 no ``__init__.py``: pytest's default import mode (prepend) puts it first on ``sys.path`` when it imports this file,
 so ``fixtures`` is importable, and each test file's own folder too (test file names are unique across folders).
@@ -7,6 +12,7 @@ so ``fixtures`` is importable, and each test file's own folder too (test file na
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))
 
 pytest_plugins = ["fixtures.models", "fixtures.native"]
+
+GPU_TESTS_ON_CPU = os.environ.get("PYLLAMA_MOE_GPU_TESTS_ON_CPU") == "1"
+if GPU_TESTS_ON_CPU:
+    os.environ["LLAMA_MOE_CACHE_CPU"] = "1"
 
 
 def _native() -> bool:
@@ -48,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         from pyllama_moe import backend
 
         gpu = backend.gpu_available()
-    if gpu:
+    if gpu or GPU_TESTS_ON_CPU:
         return
     skip = pytest.mark.skip(reason="no GPU device: run with ci/gpu.sh on a CUDA machine")
     for item in items:
