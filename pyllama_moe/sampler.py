@@ -148,6 +148,7 @@ class Sampler:
     def in_python(self) -> bool:
         """Whether :meth:`sample` takes its token in Python (greedy, the largest logit) rather than through the
         native chain (``llama_sampler_sample``, which copies every logit first)."""
+        check_closed(self._ptr, "sampler")
         return self._argmax
 
     def sample(self, ctx: Context, idx: int = -1, logits: np.ndarray | None = None) -> int:
