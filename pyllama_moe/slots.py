@@ -12,7 +12,7 @@ A step decodes as many tokens as there are generating slots, plus prompt chunks 
 32 tokens in a ubatch the MoE cache takes its host lookup path (``large``) instead of the device lookup.
 
 The slots whose chain samples natively (all but greedy sampling: ``llama_sampler_sample`` copies every logit into
-token data and runs the chain, half a millisecond a slot with a 49k vocabulary) draw their tokens in a pool of
+token data and runs the chain, about half a millisecond a slot with a 152k vocabulary) draw their tokens in a pool of
 threads (``PYLLAMA_MOE_SAMPLE_THREADS``; the C calls release the interpreter), each chain on its own output, the
 decode's logits read-only; the tokens are then taken in slot order by the step's thread, as before.
 """
