@@ -135,7 +135,7 @@ def table(rows: Iterable[Row]) -> str:
             if tg.get("predicted"):  # the misses the prediction hid, the MiB it copied for nothing per token
                 wasted = tg["wasted_mib"] / max(r.n_gen, 1)
                 pred = f", {tg['hidden']:.1f}% of misses predicted, {wasted:.1f} MiB wasted/token"
-            cell["cache"] = f"tg {tg['hit_rate']:.1f}% hits{pred}; " + cell.get("cache", "")
+            cell["cache"] = "; ".join(c for c in (f"tg {tg['hit_rate']:.1f}% hits{pred}", cell.get("cache")) if c)
         pf = r.cache.get("prefetch")
         if pf:
             cell["prefetch"] = f"{pf['staging_mib']:.0f} MiB x{pf['depth']}"
