@@ -100,6 +100,6 @@ case "${1:-}" in
     start) shift; start "$@" ;;
     _run)  shift; run_steps "$@" ;;
     wait)  shift; wait_for "$@" ;;
-    stop)  pkill -f "gpu_session.sh _r[u]n"; pkill -f "gpu.sh"; echo stopped ;;
+    stop)  pkill -f "gpu_session.sh _r[u]n"; pkill -f "ci/gpu[.]sh"; echo stopped ;;
     *) sed -n '2,16p' "$0"; exit 2 ;;
 esac
