@@ -5,8 +5,9 @@ round otherwise than the GPU's, so its logits are compared for closeness with th
 to a context made without the keyword; ``"auto"`` measures its rates.
 
 The models (qwen3moe, and gpt-oss with its biases and clamped activation): 2 MoE layers of 76 experts (4 a token),
-about 2 MiB of experts: a cache of 1 MiB holds about half of them, so decode steps miss. ``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer
-and ubatch, whatever the rates measured on this machine (on a model this small the upload may well be the faster)."""
+about 2 MiB of experts: a cache of 1 MiB holds about half of them, so decode steps miss.
+``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer and ubatch, whatever the rates
+measured on this machine (on a model this small the upload may well be the faster)."""
 
 from __future__ import annotations
 
