@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.llama import Llama
 from pyllama_moe.tools.text import prose_text
 
-RATES = ("host_expert_us", "upload_expert_us", "handoff_us", "host_max")
+RATES = ("host_expert_us", "upload_expert_us", "handoff_us", "host_max")  # the split, chosen at creation
 
 # name, environment
 RUNS = (
@@ -32,16 +31,6 @@ RUNS = (
     ("on-func", {"LLAMA_MOE_HYBRID": "1", "LLAMA_MOE_HYBRID_HANDOFF": "func"}),
     ("auto", {"LLAMA_MOE_HYBRID": "2", "LLAMA_MOE_HYBRID_HANDOFF": "flags"}),
 )
-
-
-def raw_stats(llm: Llama) -> dict[str, float]:
-    """The hybrid's fields of ``struct llama_moe_cache_stats``, read directly (this script needs no Python API for
-    them)."""
-    st = ffi.new("struct llama_moe_cache_stats *")
-    if not lib.llama_moe_cache_get_stats(llm._ctx.ptr, st):
-        return {}
-    return {k: getattr(st, k) for k in ("n_host", "n_host_calls", "host_busy_us", "host_expert_us",
-                                        "upload_expert_us", "handoff_us", "host_max")}
 
 
 def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: int) -> dict[str, object]:
@@ -54,7 +43,6 @@ def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: i
         for t in warm:
             llm.eval([t])
         before = llm.moe_cache_stats()
-        raw0 = raw_stats(llm)
         logits = []
         t0 = time.perf_counter()
         for t in tokens[16:]:
@@ -62,14 +50,14 @@ def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: i
             logits.append(np.array(llm.scores[llm.n_tokens - 1]))
         dt = time.perf_counter() - t0
         after = llm.moe_cache_stats()
-        raw = raw_stats(llm)
-        hits, misses = (after - before).hits("small", "large", "device") if before and after else (0, 0)
+        assert before is not None and after is not None  # a MoE cache: moe_cache_mib > 0
+        d = after - before  # the counts between the readings, the split as chosen
+        hits, misses = d.hits("small", "large", "device")
         n = len(tokens) - 16
+        per_token = d.per_token(n)
         return {"tps": n / dt, "hit_rate": hits / max(1, hits + misses), "misses_per_token": misses / n,
-                "host_per_token": (raw.get("n_host", 0) - raw0.get("n_host", 0)) / n,
-                "host_busy_ms_per_token": (raw.get("host_busy_us", 0) - raw0.get("host_busy_us", 0)) / n / 1e3,
-                "rates": {k: raw[k] for k in RATES if k in raw},
-                "logits": np.stack(logits)}
+                "host_per_token": per_token["host"], "host_busy_ms_per_token": per_token["host_ms"],
+                "rates": {k: getattr(d, k) for k in RATES}, "logits": np.stack(logits)}
 
 
 def main(argv: list[str] | None = None) -> int:

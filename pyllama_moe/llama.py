@@ -515,7 +515,7 @@ class Llama:
         ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=N``): the experts the device lookups prefetched for the next
         layer's predicted routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in
         ``device`` hits) and those evicted unused (``wasted``); ``hybrid`` (``moe_hybrid``): the device lookups'
-        misses the CPU computed instead of uploading (``experts``, not counted in ``device`` misses), the hand-offs
+        misses the CPU computed instead of uploading (``experts``, counted in ``device`` misses too), the hand-offs
         that gave it work (``calls``) and its busy time in them (``busy_us``), the split the context chose when it
         was made (``host_max``: the most misses per layer and ubatch the CPU takes, 0 with the hybrid off or where
         ``"auto"`` chose off; the rates it follows from, measured then: ``host_expert_us``, ``upload_expert_us``,

@@ -320,7 +320,7 @@ class Slots:
                 return e
 
         order = range(len(rows))
-        native = [j for j in order if not (sampler := rows[j][0].sampler) or not sampler.in_python]
+        native = [j for j, (slot, _) in enumerate(rows) if slot.sampler is not None and not slot.sampler.in_python]
         if self._draws is None or len(native) < 2:
             return [draw(j) for j in order]
         drawn: dict[int, int | BaseException] = dict(zip(native, self._draws.map(draw, native), strict=True))

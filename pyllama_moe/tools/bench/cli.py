@@ -216,7 +216,8 @@ def _run(p: Params) -> Result:
     for name in p.names:
         setup = setup_named(name)
         assert setup is not None
-        if not (cache if setup.has_cache else gpu or not setup.needs_gpu):
+        runs_here = cache if setup.has_cache else (gpu or not setup.needs_gpu)
+        if not runs_here:
             res.skipped.append(name)
             continue
         if setup.python_only and args.no_api:
