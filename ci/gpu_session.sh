@@ -5,8 +5,11 @@
 #                                          setsid, each into $SESSION/NAME.log with a marker NAME.ok or NAME.fail;
 #                                          returns at once
 #   ci/gpu_session.sh wait SECONDS [NAME]  wait until step NAME ends (default: the one running now), a step fails or
-#                                          SECONDS pass; copy the logs and results to $OUT; print where the run stands
-#   ci/gpu_session.sh stop                 end the run (the step running now included)
+#                                          SECONDS pass; pack the logs and results into $OUT/session.tgz (a call
+#                                          brings back only a few files); print where the run stands. Exits 3 at once
+#                                          where there is no run: a fresh machine, whose build is gone
+#   ci/gpu_session.sh stop                 end the run (the step running now included): its process group, not a
+#                                          pattern, which would match the call's own command line and kill it
 # On the machine that sends the calls, before the first: ci/gpu_session.sh carry, which fills .whl with what the
 # device machine cannot download (wheels of $DEVICE_WHEELS for its Python) and fetches the sdist into vendor/.cache;
 # the calls then carry [".whl", "vendor/.cache"].
@@ -66,12 +69,13 @@ run_steps() {  # the background job: every step in order, a marker each
 start() {
     rm -rf "$SESSION" && mkdir -p "$SESSION"
     setsid nohup bash "$0" _run "$@" > "$SESSION/runner.log" 2>&1 < /dev/null &
+    echo $! > "$SESSION/pgid"  # setsid made the runner the leader of its own group
     echo "gpu_session.sh: started ($(grep -cv -e '^#' -e '^$' "$STEPS") steps in $STEPS)"
 }
 
 report() {  # the logs and results to $OUT, and where the run stands
     if [ -n "${OUT:-}" ]; then
-        cp -r "$SESSION"/. "$OUT"/ 2>/dev/null || true
+        tar czf "$OUT/session.tgz" -C "$SESSION" . 2>/dev/null || true
     fi
     echo "--- summary"
     cat "$SESSION/summary" 2>/dev/null
@@ -84,6 +88,10 @@ report() {  # the logs and results to $OUT, and where the run stands
 
 wait_for() {  # wait_for SECONDS [NAME]
     local limit=$1 name=${2:-} deadline failed
+    if [ ! -f "$SESSION/pgid" ]; then
+        echo "gpu_session.sh: no run on this machine ($SESSION/pgid is missing): a fresh machine, start again" >&2
+        exit 3
+    fi
     [ -z "$name" ] && name=$(cat "$SESSION/current" 2>/dev/null || echo done)
     failed=$(ls "$SESSION"/*.fail 2>/dev/null | wc -l)
     deadline=$(( $(date +%s) + limit ))
@@ -100,6 +108,6 @@ case "${1:-}" in
     start) shift; start "$@" ;;
     _run)  shift; run_steps "$@" ;;
     wait)  shift; wait_for "$@" ;;
-    stop)  pkill -f "gpu_session.sh _r[u]n"; pkill -f "ci/gpu[.]sh"; echo stopped ;;
+    stop)  [ -f "$SESSION/pgid" ] && kill -- "-$(cat "$SESSION/pgid")" 2>/dev/null; echo stopped ;;
     *) sed -n '2,16p' "$0"; exit 2 ;;
 esac
