@@ -158,12 +158,13 @@ class Llama:
             moe_hybrid: in decode steps looked up on the device, the CPU computes a share of each MoE layer's cache
                 misses from the host experts while PCIe uploads the rest, the parts summed on the GPU; the share
                 follows from the upload and CPU rates the context measures when it is created (``moe_cache_stats()``
-                gives them and the experts the CPU computed). ``True``: on; ``"auto"``: on only while the device lookups
-                miss enough for the CPU's share to pay (decided every 32 decode steps), never where the CPU is more
-                than twice as slow as the upload; ``False`` or None (the default): off, results
-                byte-identical to a context without it. On, results are close to, not byte-identical with, the GPU's
-                (the CPU's kernels round differently). Needs the MoE cache (``moe_cache_mib``): without one it is
-                ignored with a warning.
+                gives them and the experts the CPU computed). ``True``: on; ``"auto"``: on where the decode steps
+                are faster with it, by their own times (windows of 32 decode steps with and without it, the faster
+                kept and the other tried again after 16 windows), off without a try while the device lookups miss
+                too little for the CPU to take an expert a layer or where the CPU is more than twice as slow as the
+                upload; ``False`` or None (the default): off, results byte-identical to a context without it. On,
+                results are close to, not byte-identical with, the GPU's (the CPU's kernels round differently).
+                Needs the MoE cache (``moe_cache_mib``): without one it is ignored with a warning.
             moe_cache_state: a warm-start file (``python -m pyllama_moe calibrate``, or the last run's): at load
                 the cache is filled with the experts it names, at close the experts the cache holds are written
                 to it; a missing, corrupt or mismatched file is a cold start with a warning.
