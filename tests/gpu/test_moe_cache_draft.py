@@ -1,7 +1,8 @@
 """On a GPU: speculative decoding's verifications through the MoE cache (#45). A verification of a draft of k tokens
 decodes k + 1 tokens in one ubatch; up to the device lookup's 32 tokens it stays on the device lookup (the host LRU
-never runs during the generation), past it the host LRU serves it. (The text is not compared with the generation
-without a draft: a verification's batched kernels round apart from single-token decodes, docs/compat.md.)"""
+never runs during the generation), past it the cache is not looked up at all: the ubatch is evaluated as a prompt's
+is, its experts read from host memory. (The text is not compared with the generation without a draft: a
+verification's batched kernels round apart from single-token decodes, docs/compat.md.)"""
 
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
                              seed=9, n_expert=64, n_expert_used=2, n_ff_exp=128)
 
 
-def generate(path: Path, k: int | None) -> tuple[str, Any, int]:
+def generate(path: Path, k: int | None, max_tokens: int = 24) -> tuple[str, Any, int]:
     draft = Proposes(k) if k else None
     with Llama(str(path), n_ctx=512, n_gpu_layers=-1, cpu_moe=True, moe_cache_mib=1, draft_model=draft,
                verbose=False) as llm:
         before = llm.moe_cache_stats()
-        text = llm.create_completion(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
+        text = llm.create_completion(PROMPT, max_tokens=max_tokens, temperature=0)["choices"][0]["text"]
         after = llm.moe_cache_stats()
         assert before is not None and after is not None
         return text, after - before, draft.calls if draft else 0
@@ -58,8 +59,13 @@ def test_verifications_of_up_to_32_tokens_stay_on_the_device_lookup(moe: Path, k
     assert st.hits_small + st.misses_small + st.hits_large + st.misses_large == 0, st
 
 
-def test_a_verification_past_32_tokens_takes_the_host_lru(moe: Path) -> None:
-    # the same check fails where a verification leaves the device lookup: 41 tokens a step
+def test_a_verification_past_32_tokens_leaves_the_cache(moe: Path) -> None:
+    # 41 tokens a step: the device lookups are the prompt's alone (those of a generation of one token, which decodes
+    # nothing after the prompt), and the host LRU does not take the verifications either, so the check above fails
+    # where a verification leaves the device lookup
     text, st, calls = generate(moe, 40)
+    _, prompt_only, _ = generate(moe, None, max_tokens=1)
     assert calls > 0 and text
-    assert st.hits_small + st.misses_small + st.hits_large + st.misses_large > 0, st
+    assert prompt_only.hits_device + prompt_only.misses_device > 0, prompt_only
+    assert (st.hits_device, st.misses_device) == (prompt_only.hits_device, prompt_only.misses_device), st
+    assert st.hits_small + st.misses_small + st.hits_large + st.misses_large == 0, st
