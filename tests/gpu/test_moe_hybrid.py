@@ -4,8 +4,8 @@ round otherwise than the GPU's, so its logits are compared for closeness with th
 128 teacher-forced positions, a bounded logit error), with both hand-offs; ``moe_hybrid=False`` stays byte-identical
 to a context made without the keyword; ``"auto"`` measures its rates.
 
-The models (qwen3moe, and gpt-oss with its biases and clamped activation): 2 MoE layers of 76 experts (4 a token),
-about 2 MiB of experts: a cache of 1 MiB holds about half of them, so decode steps miss.
+The models (qwen3moe, and gpt-oss with its biases and clamped activation): 76 experts (4 a token), about 2 MiB of
+experts in one MoE layer or two: a cache of 1 MiB holds about half of them, so decode steps miss.
 ``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer and ubatch, whatever the rates
 measured on this machine (on a model this small the upload may well be the faster)."""
 
@@ -27,26 +27,39 @@ CACHE_MIB = 1
 # the environment each run starts from: the library's defaults (device lookups, the prediction at 2, no forced share)
 SWITCHES = ("LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_HYBRID_HANDOFF", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREDICT")
 FORCED = {"LLAMA_MOE_HYBRID_SHARE": "1.0"}
-# The largest logit difference allowed, over every position, as a share of the reference logits' spread (their
-# standard deviation over the vocabulary at that position). The CPU's part differs from the GPU's by rounding only:
-# both quantize the layer's input to 8 bits in blocks of 32 (q8_0 on the CPU, q8_1 on CUDA; a tie may round the
-# other way), the integer dot products are exact, the scaled sums and the sum of the partial outputs are added in
-# another order: relative errors of about 1e-6 to 1e-4 per expert output, well under 1% of the spread after 2
-# layers. A wrong computation is far larger: on this model, dropping one of a token's 4 experts in every layer
-# (expert_used_count 3, on the CPU build) moves every position's logits by at least 0.98 of their spread (2.4 in
-# the median) and keeps 20% of the top-1 picks. 0.02 is 50 times below the smallest such shift.
-MAX_ERROR = 0.02
-MIN_AGREEMENT = 0.97  # top-1 picks: 3 of 128 may part at near ties, which a random-weight model has plenty of
+# How close is close. The CPU's part differs from the GPU's by rounding only: both quantize the layer's input to 8 bits
+# in blocks of 32 (q8_0 on the CPU, q8_1 on CUDA; a tie may round the other way), the integer dot products are exact,
+# the scaled sums and the sum of the partial outputs are added in another order: relative errors of about 1e-6 to
+# 1e-4 per expert output. Measured as each position's largest logit difference in the reference's spread there (the
+# standard deviation over the vocabulary):
+# - One MoE layer: its router reads the attention's output, the same in both runs, so the difference is that rounding
+#   alone, far under 0.02 of the spread at every position (on the CPU, where the two paths only add in another
+#   order: 1.2e-7). A wrong computation is far larger: dropping one of a token's 4 experts (expert_used_count 3, on
+#   the CPU build) moves every position by at least 0.54 of its spread (1.7 in the median) and keeps 27-37% of the
+#   top-1 picks.
+# - Two: the second layer's router reads the first's output, and a pick at a near tie flips on any rounding: that
+#   position moves as far as a wrong expert would (on the CPU build, flash attention on against off, a rounding of
+#   the attention: 2.2 of the spread at one position of 128, 0.06 in the median, 95% of the top-1 picks kept). So
+#   the median over positions: a wrong computation moves every position (dropping an expert: 2.4 to 2.7 in the
+#   median, at least 0.98), rounding with a few flips leaves most of them within 0.06.
+MAX_ERROR_ONE_LAYER = 0.02  # every position
+MIN_AGREEMENT_ONE_LAYER = 0.97  # top-1 picks: 3 of 128 may part at near ties, which a random-weight model has plenty of
+MAX_MEDIAN_TWO_LAYERS = 0.25  # the median position: 4 times the flips' 0.06, 4 times under the smallest wrong shift
+MIN_AGREEMENT_TWO_LAYERS = 0.75  # flips at the second router move the pick at a few positions; dropping an expert
+# keeps at most 37% of them
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "gpt-oss"])
+@pytest.fixture(scope="module", params=[("qwen3moe", 1), ("qwen3moe", 2), ("gpt-oss", 1), ("gpt-oss", 2)],
+                ids=lambda p: f"{p[0]}-{p[1]}layer")
 def moe(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
-    # qwen3moe's SwiGLU experts, and gpt-oss's with per-expert biases and a clamped SwiGLU
+    # qwen3moe's SwiGLU experts, and gpt-oss's with per-expert biases and a clamped SwiGLU; one layer of experts twice
+    # as wide holds as many bytes as two
     from pyllama_moe.tools import synth
 
-    arch = request.param
-    path = synth.write_model(tmp_path_factory.mktemp("hybrid") / f"{arch}.gguf", "tiny", arch=arch, skew=1.0,
-                             seed=9, n_expert=76, n_expert_used=4, n_ff_exp=128)
+    arch, n_layer = request.param
+    path = synth.write_model(tmp_path_factory.mktemp("hybrid") / f"{arch}-{n_layer}.gguf", "tiny", arch=arch,
+                             skew=1.0, seed=9, n_expert=76, n_expert_used=4, n_ff_exp=256 // n_layer,
+                             n_layer=n_layer)
     share = (CACHE_MIB << 20) / GGUFInfo.read(path).expert_bytes
     assert 0.4 < share < 0.6, share  # "a cache of half its experts"
     return path
@@ -86,22 +99,32 @@ def reference(moe: Path) -> tuple[np.ndarray, MoeCacheStats]:
     return forced(moe, False)
 
 
-def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def assert_close(got: np.ndarray, want: np.ndarray, what: str, n_layer: int) -> None:
+    """Close as rounding leaves the logits (see MAX_ERROR_ONE_LAYER and what follows it)."""
     agreement = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
-    error = float((np.abs(got - want).max(axis=1) / want.std(axis=1)).max())
-    print(f"{what}: top-1 agreement {agreement:.3f}, largest logit error {error:.2e} of the spread")
-    assert agreement >= MIN_AGREEMENT, (what, agreement)
-    assert error <= MAX_ERROR, (what, error)
+    error = np.abs(got - want).max(axis=1) / want.std(axis=1)  # per position
+    print(f"{what} ({n_layer} MoE layers): top-1 agreement {agreement:.3f}, logit error of the spread: largest "
+          f"{error.max():.2e}, median {np.median(error):.2e}")
+    if n_layer == 1:
+        assert agreement >= MIN_AGREEMENT_ONE_LAYER, (what, agreement)
+        assert error.max() <= MAX_ERROR_ONE_LAYER, (what, error.max())
+    else:
+        assert agreement >= MIN_AGREEMENT_TWO_LAYERS, (what, agreement)
+        assert np.median(error) <= MAX_MEDIAN_TWO_LAYERS, (what, np.median(error))
+
+
+def n_moe_layers(path: Path) -> int:
+    return GGUFInfo.read(path).require_block_count()
 
 
 def test_hybrid_is_close_to_the_cache_alone(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
     logits, stats = forced(moe, True, FORCED)
-    assert_close(logits, reference[0], "moe_hybrid=True")
+    assert_close(logits, reference[0], "moe_hybrid=True", n_moe_layers(moe))
     # the CPU computed some of the misses (the device lookups' misses count them too), in hand-offs it was busy in
     assert stats.host_max > 0 and stats.n_host > 0, stats
     assert stats.n_host_calls > 0 and stats.host_busy_us > 0, stats
-    # never more than its most per MoE layer and ubatch (2 layers, one token a ubatch)
-    assert stats.n_host <= N_POSITIONS * 2 * stats.host_max, stats
+    # never more than its most per MoE layer and ubatch (one token a ubatch)
+    assert stats.n_host <= N_POSITIONS * n_moe_layers(moe) * stats.host_max, stats
     assert stats.hits_device + stats.misses_device > 0, stats  # decode looked up on the device
     # the cache alone: nothing on the CPU
     assert (reference[1].n_host, reference[1].n_host_calls, reference[1].host_max) == (0, 0, 0), reference[1]
@@ -126,7 +149,7 @@ def test_both_handoffs_are_close(moe: Path, reference: tuple[np.ndarray, MoeCach
     # measurement; one of them goes): each computes on the CPU and stays close
     logits, stats = forced(moe, True, {**FORCED, "LLAMA_MOE_HYBRID_HANDOFF": handoff})
     assert stats.n_host > 0 and stats.host_max > 0, (handoff, stats)
-    assert_close(logits, reference[0], f"handoff {handoff}")
+    assert_close(logits, reference[0], f"handoff {handoff}", n_moe_layers(moe))
 
 
 def test_auto_measures_its_rates(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
@@ -139,4 +162,4 @@ def test_auto_measures_its_rates(moe: Path, reference: tuple[np.ndarray, MoeCach
     if stats.host_max == 0:
         assert stats.n_host == 0 and logits.tobytes() == reference[0].tobytes(), stats
     else:
-        assert_close(logits, reference[0], "moe_hybrid='auto'")
+        assert_close(logits, reference[0], "moe_hybrid='auto'", n_moe_layers(moe))

@@ -302,6 +302,14 @@ def test_unknown_setup_is_an_error(tiny: Path) -> None:
         bench.main([str(tiny), "--setups", "nope"])
 
 
+def test_token_counts_that_would_run_nothing_are_errors(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the Python API runs the ubatch sizes within the longest prompt: with --no-native and none of them, no row at all
+    for pp, ub in (("32", "512"), ("32", "x"), ("0", "32")):
+        with pytest.raises(SystemExit):
+            bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", pp, "--ub", ub, "--no-native"])
+    assert "no ubatch size within the prompt" in capsys.readouterr().err
+
+
 def test_overhead_rows(tiny: Path) -> None:
     rows = bench.overhead(tiny, n=8, reps=1)
     assert [r["path"] for r in rows] == ["bare decode loop", "create_completion greedy", "create_completion typical"]

@@ -180,8 +180,16 @@ def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
             except FileNotFoundError as e:
                 ap.error(f"--pristine: {e}")
         settings.append(PRISTINE)
-    return Params(args, names, settings, [int(x) for x in args.pp.split(",")],
-                  sorted(int(x) for x in args.ub.split(",")), drafts)
+    try:
+        pp = [int(x) for x in args.pp.split(",")]
+        ub = sorted(int(x) for x in args.ub.split(","))
+    except ValueError:
+        ap.error("--pp and --ub take comma-separated token counts")
+    if min(pp + ub) < 1:
+        ap.error("--pp and --ub take positive token counts")
+    if args.no_native and ub[0] > max(pp):  # the Python API runs the ubatch sizes within the longest prompt only
+        ap.error(f"--ub {args.ub}: no ubatch size within the prompt (--pp {args.pp}), so nothing would run")
+    return Params(args, names, settings, pp, ub, drafts)
 
 
 @dataclasses.dataclass
