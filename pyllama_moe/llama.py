@@ -25,6 +25,7 @@ from pyllama_moe.completion import Completion, make_request
 from pyllama_moe.context import Context
 from pyllama_moe.draft_adapt import AdaptiveDraft
 from pyllama_moe.errors import ClosedError, LlamaError
+from pyllama_moe.fairlock import FairRLock
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 from pyllama_moe.model import LoraAdapter, Model, model_path_str
@@ -182,8 +183,11 @@ class Llama:
         Raises ValueError naming a bad parameter (``ModelNotFoundError``, also a ValueError, for a
         missing file), ``ModelLoadError`` / ``ContextError`` with llama.cpp's reason otherwise.
         """
-        self._lock = threading.RLock()  # held by every call and by each step of a stream
-        self._turn = threading.Condition(self._lock)  # notified when a stream ends: the calls of other threads wait
+        # held by every call and by each step of a stream or of the parallel slots; granted in the order asked, so
+        # that a call waits for the step in progress only (fairlock.py)
+        self._lock = FairRLock()
+        # notified when a stream ends: the calls of other threads wait (a FairRLock has what a Condition uses)
+        self._turn = threading.Condition(self._lock)  # type: ignore[arg-type]
         self._streamer: int | None = None  # the thread consuming a stream in progress
         self._closed = True  # until everything is made; close() is safe on a half-made Llama
         self._handles: list[Any] = []
