@@ -8,8 +8,10 @@ long prompt does not stall the others; each slot then samples from its own outpu
 cancelled (a client gone) leaves its slot at the next step. A slot keeps its tokens' KV range when its request
 leaves: the next request given to it keeps the prefix they share and evaluates the rest.
 
-A step decodes as many tokens as there are generating slots, plus prompt chunks up to ``n_batch``: with more than
-32 tokens in a ubatch the MoE cache takes its host lookup path (``large``) instead of the device lookup.
+A step decodes as many tokens as there are generating slots, plus prompt chunks up to ``n_batch``. A ubatch of up to
+32 tokens is looked up in the MoE cache on the device; a larger one (a step with prompt chunks, or more than 32
+generating slots) is not looked up at all: it runs as a prompt's ubatch does, its experts copied from host memory, and
+the generating slots wait for it.
 
 The slots whose chain samples natively (all but greedy sampling: ``llama_sampler_sample`` copies every logit into
 token data and runs the chain, about half a millisecond a slot with a 152k vocabulary) draw their tokens in a pool of
