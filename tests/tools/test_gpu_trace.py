@@ -28,6 +28,9 @@ EVENTS = [
     ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 50, 150, 20, 3 << 20),
     ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 300, 10, 20, 1 << 20),
     ev("kernel", "k_copy_regions<16>", 320, 10, 20),
+    # the MoE cache's copies: one on the compute stream after the matmul, one beside the second matmul
+    ev("kernel", "moe_cache_copy_kernel", 260, 20, 7),
+    ev("kernel", "moe_cache_copy_kernel", 200, 100, 30),
     {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 0, "dur": 1000},  # not GPU work
     {"ph": "i", "cat": "kernel", "name": "no duration", "ts": 5},
 ]
@@ -46,13 +49,16 @@ def test_summary_of_a_trace() -> None:
     assert s.compute_ms == pytest.approx(0.210)  # [0,110] and [150,250]
     assert s.h2d_ms == pytest.approx(0.150)
     assert s.h2d_under_compute_ms == pytest.approx(0.110)  # [50,110] and [150,200]
-    assert s.d2d_ms == pytest.approx(0.020)  # the DtoD memcpy and the copy kernel
+    assert s.d2d_ms == pytest.approx(0.120)  # the DtoD memcpy and the copy kernels: [200,310] and [320,330]
+    assert s.copy_kernel_ms == pytest.approx(0.110)  # [200,300], the other inside it, and [320,330]
+    assert s.copy_under_compute_ms == pytest.approx(0.050)  # [200,250]
     assert (s.h2d_mib, s.d2d_mib) == (3.0, 1.0)
-    assert (s.n_kernels, s.n_memcpy) == (4, 2)
-    assert s.streams == {"20": pytest.approx(0.170), "7": pytest.approx(0.210)}
+    assert (s.n_kernels, s.n_memcpy) == (6, 2)
+    assert s.streams == {"20": pytest.approx(0.170), "30": pytest.approx(0.100), "7": pytest.approx(0.230)}
     assert s.top_kernels[0] == ("mul_mat_q<Q4_0>", 2, pytest.approx(0.2))
     line = s.line()
     assert "H2D 0.1 (3 MiB" in line and "73% under compute" in line and "mul_mat_q<Q4_0> x2" in line
+    assert "copy kernels 0.1 (45% under compute)" in line and "streams busy 20 0.2, 30 0.1, 7 0.2" in line
     assert gpu_trace.summarize([]) == gpu_trace.TraceSummary()
 
 

@@ -60,6 +60,10 @@ class TraceSummary:
     h2d_ms: float = 0.0
     d2d_ms: float = 0.0  # device-to-device memcpys and the copy kernels
     h2d_under_compute_ms: float = 0.0  # host-to-device copying that overlapped compute
+    # the copy kernels alone: the MoE cache's copies from mapped host memory (the device lookup's misses on the
+    # compute stream, the prediction's on a stream of its own), which are kernels, not memcpys
+    copy_kernel_ms: float = 0.0
+    copy_under_compute_ms: float = 0.0
     h2d_mib: float = 0.0
     d2d_mib: float = 0.0
     n_kernels: int = 0
@@ -71,9 +75,12 @@ class TraceSummary:
         gbps = self.h2d_mib * 1.048576 / self.h2d_ms if self.h2d_ms else 0.0
         hidden = 100.0 * self.h2d_under_compute_ms / self.h2d_ms if self.h2d_ms else 0.0
         top = "; ".join(f"{name[:48]} x{n} {ms:.1f}" for name, n, ms in self.top_kernels[:4])
+        copy_hidden = 100.0 * self.copy_under_compute_ms / self.copy_kernel_ms if self.copy_kernel_ms else 0.0
         return (f"wall {self.wall_ms:.1f} ms: compute {self.compute_ms:.1f}, H2D {self.h2d_ms:.1f} "
-                f"({self.h2d_mib:.0f} MiB, {gbps:.1f} GB/s, {hidden:.0f}% under compute), D2D {self.d2d_ms:.1f} "
-                f"({self.d2d_mib:.0f} MiB); {self.n_kernels} kernels, {self.n_memcpy} memcpys; top: {top}")
+                f"({self.h2d_mib:.0f} MiB, {gbps:.1f} GB/s, {hidden:.0f}% under compute), copy kernels "
+                f"{self.copy_kernel_ms:.1f} ({copy_hidden:.0f}% under compute), D2D {self.d2d_ms:.1f} "
+                f"({self.d2d_mib:.0f} MiB); {self.n_kernels} kernels, {self.n_memcpy} memcpys; streams busy "
+                + ", ".join(f"{k} {v:.1f}" for k, v in self.streams.items()) + f"; top: {top}")
 
 
 def _kind(event: Mapping[str, Any]) -> str | None:
@@ -124,6 +131,9 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> TraceSummary:
     s.h2d_ms = length(h2d) / 1e3
     s.d2d_ms = length(union(spans["d2d"] + spans["copy"])) / 1e3
     s.h2d_under_compute_ms = intersection(h2d, compute) / 1e3
+    copies = union(spans["copy"])
+    s.copy_kernel_ms = length(copies) / 1e3
+    s.copy_under_compute_ms = intersection(copies, compute) / 1e3
     s.streams = {k: round(length(union(v)) / 1e3, 3) for k, v in sorted(per_stream.items())}
     s.top_kernels = sorted(((n, int(c), t / 1e3) for n, (c, t) in kernels.items()), key=lambda x: -x[2])[:10]
     return s
