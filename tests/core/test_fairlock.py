@@ -15,7 +15,7 @@ def waiter_turn(lock: Any, steps: int = 20) -> int:
     """A worker holds ``lock`` for a step (a sleep, the interpreter released as in a decode) and asks for it again at
     once, ``steps`` times; another thread asks for it during the first step. Returns the worker's steps before the
     other thread got it."""
-    holding = threading.Event()
+    holding, asking = threading.Event(), threading.Event()
     done = []
     order: list[str] = []
 
@@ -23,11 +23,18 @@ def waiter_turn(lock: Any, steps: int = 20) -> int:
         for i in range(steps):
             with lock:
                 order.append(f"step {i}")
-                holding.set()
+                if i == 0:  # the first step ends once the other thread waits for the lock
+                    holding.set()
+                    asking.wait()
+                    deadline = time.monotonic() + 0.05
+                    while not getattr(lock, "_queue", True) and time.monotonic() < deadline:
+                        time.sleep(0.001)  # a FairRLock shows its queue
+                    time.sleep(0.01)
                 time.sleep(0.01)
 
     def other() -> None:
         holding.wait()
+        asking.set()
         with lock:
             order.append("other")
             done.append(True)
@@ -43,7 +50,7 @@ def waiter_turn(lock: Any, steps: int = 20) -> int:
 
 def test_a_waiting_thread_gets_the_lock_at_the_next_release() -> None:
     # with threading.RLock the worker re-takes it before the other thread wakes, step after step (on the CPU build's
-    # machine the other thread got it after 2 to 8 of the 20 steps; on the GPU's, requests waited out whole
+    # machine the other thread got it after 2 to 20 of the 20 steps; on the GPU's, requests waited out whole
     # generations of the parallel slots): this assertion fails there
     assert waiter_turn(FairRLock()) == 1
 
