@@ -17,7 +17,11 @@ Two other policies over the same lookups bound what a better policy could still 
   its class is the count's log2 (at most 7) as of its last use, and a miss evicts the expert with the largest age
   (tokens since its last use) over 2^class.
 
-Public API: :func:`simulate`, :class:`ClockStats`, :func:`belady`, :func:`class_lru`, :func:`policies`.
+And the hybrid decode's split (:func:`simulate_hybrid`): the CPU computes up to ``host_max`` of a lookup's misses,
+which take no slot, so they are never found again; which misses it takes decides how much the cache loses.
+
+Public API: :func:`simulate`, :class:`ClockStats`, :func:`belady`, :func:`class_lru`, :func:`policies`,
+:func:`simulate_hybrid`, :class:`HybridStats`.
 """
 
 from __future__ import annotations
@@ -162,6 +166,60 @@ def simulate(topk: Routing, n_expert: int, fraction: float, predicted: Routing |
                 clock.lookup([(nl, e) for e in dict.fromkeys(nxt[t].tolist())], prefetch=True, budget=budget)
     clock.stats.n_tokens = n_tokens
     return clock.stats
+
+
+@dataclasses.dataclass
+class HybridStats:
+    """Per decoded token: the experts the lookups found, uploaded and left to the CPU."""
+
+    n_tokens: int = 0
+    hits: int = 0
+    uploads: int = 0
+    host: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / max(self.hits + self.uploads + self.host, 1)
+
+    def per_token(self) -> tuple[float, float]:
+        """Uploads and experts on the CPU per token."""
+        return self.uploads / max(self.n_tokens, 1), self.host / max(self.n_tokens, 1)
+
+
+HYBRID_CHOICES = ("last", "coldest")
+
+
+def simulate_hybrid(topk: Routing, n_expert: int, fraction: float, host_max: int, choose: str = "last",
+                    ) -> HybridStats:
+    """The device lookup as :func:`simulate` replays it, without the prediction, where the CPU takes up to
+    ``host_max`` of each lookup's misses: ``"last"``, the last of the miss list in ascending expert order (what the
+    lookup kernel leaves to the host, ggml.h), or ``"coldest"``, those of the experts used least so far (the
+    counts of every selection before this one, ties to the lower expert). The CPU's experts take no slot."""
+    if choose not in HYBRID_CHOICES:
+        raise ValueError(f"choose must be one of {HYBRID_CHOICES}, not {choose!r}")
+    layers = sorted(topk)
+    out = HybridStats()
+    if not layers:
+        return out
+    clock = Clock(_capacity(topk, n_expert, fraction))
+    uses: dict[Key, int] = {}
+    out.n_tokens = len(topk[layers[0]])
+    for t in range(out.n_tokens):
+        for il in layers:
+            keys = [(il, e) for e in sorted(set(topk[il][t].tolist()))]
+            misses = [k for k in keys if k not in clock.slot_of]
+            if choose == "last":
+                host = set(misses[len(misses) - min(host_max, len(misses)):])
+            else:
+                host = set(sorted(misses, key=lambda k: (uses.get(k, 0), k))[:host_max])
+            hits, copied = clock.stats.hits, clock.stats.misses
+            clock.lookup([k for k in keys if k not in host])
+            out.hits += clock.stats.hits - hits
+            out.uploads += clock.stats.misses - copied
+            out.host += len(host)
+            for k in keys:
+                uses[k] = uses.get(k, 0) + 1
+    return out
 
 
 # ---------------------------------------------------------------- other policies over the same lookups

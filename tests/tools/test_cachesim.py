@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyllama_moe.tools.cachesim import Clock, belady, class_lru, policies, predicted_topk, simulate
+from pyllama_moe.tools.cachesim import (
+    Clock,
+    belady,
+    class_lru,
+    policies,
+    predicted_topk,
+    simulate,
+    simulate_hybrid,
+)
 from pyllama_moe.tools.routing import Recording
 
 
@@ -159,3 +167,26 @@ def test_classes_keep_a_frequent_expert_through_a_scan() -> None:
     # no frequency to see (each expert once): the classes evict the oldest, as LRU does
     once = {0: np.arange(40, dtype=np.int32).reshape(-1, 1)}
     assert class_lru(once, 64, f) == 0.0
+
+
+def test_a_hybrid_without_a_host_share_is_the_device_lookup() -> None:
+    rec = recording(64, 3, 16, 4, seed=5)
+    for f in (0.25, 0.5):
+        plain, hybrid = simulate(rec.topk, 16, f), simulate_hybrid(rec.topk, 16, f, 0)
+        assert (hybrid.hits, hybrid.uploads, hybrid.host) == (plain.hits, plain.misses, 0)
+        assert hybrid.hit_rate == pytest.approx(plain.hit_rate)
+
+
+def test_the_cpu_taking_the_coldest_misses_keeps_the_hot_expert_cached() -> None:
+    # every token selects expert 7 and a new one; a cache of 2 slots, the CPU takes one miss a lookup. Taking the last
+    # of the miss list (ascending ids) gives the CPU expert 7 every time, so it is never cached; taking the coldest
+    # leaves 7 to the upload once, and it is found ever after
+    n = 6
+    topk = {0: np.array([[1 + t, 7] for t in range(n)], dtype=np.int32)}
+    last = simulate_hybrid(topk, 8, 0.25, 1, "last")
+    cold = simulate_hybrid(topk, 8, 0.25, 1, "coldest")
+    assert (last.hits, last.uploads, last.host) == (0, n, n)
+    assert (cold.hits, cold.uploads, cold.host) == (n - 1, 1, n)
+    assert cold.per_token() == (1 / n, 1.0)
+    with pytest.raises(ValueError):
+        simulate_hybrid(topk, 8, 0.25, 1, "hottest")
