@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -198,28 +198,25 @@ def simulate_hybrid(topk: Routing, n_expert: int, fraction: float, host_max: int
     if choose not in HYBRID_CHOICES:
         raise ValueError(f"choose must be one of {HYBRID_CHOICES}, not {choose!r}")
     layers = sorted(topk)
-    out = HybridStats()
     if not layers:
-        return out
+        return HybridStats()
     clock = Clock(_capacity(topk, n_expert, fraction))
-    uses: dict[Key, int] = {}
-    out.n_tokens = len(topk[layers[0]])
-    for t in range(out.n_tokens):
+    uses: Counter[Key] = Counter()
+    n_tokens = len(topk[layers[0]])
+    n_host = 0
+    for t in range(n_tokens):
         for il in layers:
             keys = [(il, e) for e in sorted(set(topk[il][t].tolist()))]
             misses = [k for k in keys if k not in clock.slot_of]
             if choose == "last":
-                host = set(misses[len(misses) - min(host_max, len(misses)):])
+                host = set(misses[-host_max:] if host_max else [])
             else:
-                host = set(sorted(misses, key=lambda k: (uses.get(k, 0), k))[:host_max])
-            hits, copied = clock.stats.hits, clock.stats.misses
+                host = set(sorted(misses, key=lambda k: (uses[k], k))[:host_max])
             clock.lookup([k for k in keys if k not in host])
-            out.hits += clock.stats.hits - hits
-            out.uploads += clock.stats.misses - copied
-            out.host += len(host)
-            for k in keys:
-                uses[k] = uses.get(k, 0) + 1
-    return out
+            n_host += len(host)
+            uses.update(keys)
+    # the clock saw only the lookups' own part: its hits and copies are the hybrid's
+    return HybridStats(n_tokens, clock.stats.hits, clock.stats.misses, n_host)
 
 
 # ---------------------------------------------------------------- other policies over the same lookups
