@@ -178,7 +178,8 @@ loadtest() {  # concurrent requests in one batch (#43): the server with parallel
     c80=$("$PY" -c "from pyllama_moe.gguf_info import GGUFInfo; print(int(GGUFInfo.read('$model').expert_bytes*0.8)>>20)")
     for npar in 16 1; do
         for name in cache-50 cache-80 gpu; do
-            local args=(--n_gpu_layers -1)
+            # flash attention as the bench and llama-batched-bench run (the server's default is llama-cpp-python's, off)
+            local args=(--n_gpu_layers -1 --flash_attn true)
             [ "$name" = cache-50 ] && args+=(--cpu_moe true --load_mode none --moe_cache_mib "$c50")
             [ "$name" = cache-80 ] && args+=(--cpu_moe true --load_mode none --moe_cache_mib "$c80")
             # one request at a time as before (not interrupted by the next one), or 16 slots of the same context each

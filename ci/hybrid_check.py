@@ -1,5 +1,5 @@
 """Hybrid decode (#41) on one model and cache size: the same tokens decoded teacher-forced, one token a step, with the
-hybrid off, on with each hand-off (``LLAMA_MOE_HYBRID_HANDOFF`` func and flags) and auto; per run the decode speed,
+hybrid off, on and auto; per run the decode speed,
 the device lookups' hit rate, the experts the CPU computed per token, the CPU's busy time per token, the rates the
 share followed from, and against the run with the hybrid off: the top-1 agreement, the largest logit difference and
 the median over positions of each position's largest difference (a router's pick flipped at a near tie moves a few
@@ -31,17 +31,15 @@ RATES = ("host_expert_us", "upload_expert_us", "handoff_us", "host_max")  # the 
 # name, environment, whether the cache is on (else: cpu_moe says where the experts are)
 RUNS: tuple[tuple[str, dict[str, str], bool], ...] = (
     ("off", {"LLAMA_MOE_HYBRID": "0"}, True),
-    ("on-flags", {"LLAMA_MOE_HYBRID": "1", "LLAMA_MOE_HYBRID_HANDOFF": "flags"}, True),
-    ("on-func", {"LLAMA_MOE_HYBRID": "1", "LLAMA_MOE_HYBRID_HANDOFF": "func"}, True),
-    ("auto", {"LLAMA_MOE_HYBRID": "2", "LLAMA_MOE_HYBRID_HANDOFF": "flags"}, True),
+    ("on", {"LLAMA_MOE_HYBRID": "1"}, True),
+    ("auto", {"LLAMA_MOE_HYBRID": "2"}, True),
 )
 REFERENCES: tuple[tuple[str, dict[str, str], bool], ...] = (("gpu", {}, False), ("cpu_moe", {}, False))
 
 
 def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: int, cpu_moe: bool = True,
         ) -> dict[str, object]:
-    for k in ("LLAMA_MOE_HYBRID", "LLAMA_MOE_HYBRID_HANDOFF"):
-        os.environ.pop(k, None)
+    os.environ.pop("LLAMA_MOE_HYBRID", None)
     os.environ.update(env)
     with Llama(model, n_ctx=2048, n_batch=512, n_gpu_layers=-1, cpu_moe=cpu_moe, moe_cache_mib=mib, logits_all=True,
                n_threads=threads, verbose=False) as llm:

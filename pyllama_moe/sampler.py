@@ -178,6 +178,13 @@ class Sampler:
         """The first largest logit after the repeat penalty; None where it is NaN (llama.cpp's greedy sampler passes
         over a NaN, argmax stops at it: the chain decides)."""
         if self._penalty is not None and self._counts:
+            if self._penalty > 1:
+                # a penalty above 1 only lowers the logits it touches (or keeps them: 0, infinities, NaN), so an
+                # untouched first largest stays the first largest: no copy of the row (a step of many slots pays it
+                # for each)
+                token = int(logits.argmax())
+                if token not in self._counts:
+                    return None if math.isnan(logits[token]) else token
             if self._work is None:
                 self._work = np.empty(self.n_vocab, dtype=np.float32)
             work = self._work

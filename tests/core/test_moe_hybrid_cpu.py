@@ -30,7 +30,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for k in ("LLAMA_MOE_HYBRID", "LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_HYBRID_HANDOFF", "LLAMA_MOE_CACHE_DEVICE"):
+    for k in ("LLAMA_MOE_HYBRID", "LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_CACHE_DEVICE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
     lib.llama_backend_init()

@@ -1,8 +1,9 @@
 """On a GPU: the hybrid decode (#41, ``Llama(moe_hybrid=...)``): in decode steps looked up on the device, the CPU
 computes a share of each MoE layer's cache misses from the host experts while PCIe uploads the rest. The CPU's kernels
 round otherwise than the GPU's, so its logits are compared for closeness with the cache alone's (top-1 agreement over
-128 teacher-forced positions, a bounded logit error), with both hand-offs; ``moe_hybrid=False`` stays byte-identical
-to a context made without the keyword; ``"auto"`` measures its rates.
+128 teacher-forced positions, a bounded logit error) against llama.cpp's own gap between the two: ``cpu_moe``, the CPU
+computing every expert; ``moe_hybrid=False`` stays byte-identical to a context made without the keyword; ``"auto"``
+measures its rates.
 
 The models (qwen3moe, and gpt-oss with its biases and clamped activation): 76 experts (4 a token), about 2 MiB of
 experts in one MoE layer or two: a cache of 1 MiB holds about half of them, so decode steps miss.
@@ -25,28 +26,24 @@ pytestmark = pytest.mark.gpu
 N_POSITIONS = 128
 CACHE_MIB = 1
 # the environment each run starts from: the library's defaults (device lookups, the prediction at 2, no forced share)
-SWITCHES = ("LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_HYBRID_HANDOFF", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREDICT")
+SWITCHES = ("LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREDICT")
 FORCED = {"LLAMA_MOE_HYBRID_SHARE": "1.0"}
-# How close is close. The CPU's part differs from the GPU's by rounding only: both quantize the layer's input to 8 bits
-# in blocks of 32 (q8_0 on the CPU, q8_1 on CUDA; a tie may round the other way), the integer dot products are exact,
-# the scaled sums and the sum of the partial outputs are added in another order: relative errors of about 1e-6 to
-# 1e-4 per expert output. Measured as each position's largest logit difference in the reference's spread there (the
-# standard deviation over the vocabulary):
-# - One MoE layer: its router reads the attention's output, the same in both runs, so the difference is that rounding
-#   alone, far under 0.02 of the spread at every position (on the CPU, where the two paths only add in another
-#   order: 1.2e-7). A wrong computation is far larger: dropping one of a token's 4 experts (expert_used_count 3, on
-#   the CPU build) moves every position by at least 0.54 of its spread (1.7 in the median) and keeps 27-37% of the
-#   top-1 picks.
-# - Two: the second layer's router reads the first's output, and a pick at a near tie flips on any rounding: that
-#   position moves as far as a wrong expert would (on the CPU build, flash attention on against off, a rounding of
-#   the attention: 2.2 of the spread at one position of 128, 0.06 in the median, 95% of the top-1 picks kept). So
-#   the median over positions: a wrong computation moves every position (dropping an expert: 2.4 to 2.7 in the
-#   median, at least 0.98), rounding with a few flips leaves most of them within 0.06.
-MAX_ERROR_ONE_LAYER = 0.02  # every position
-MIN_AGREEMENT_ONE_LAYER = 0.97  # top-1 picks: 3 of 128 may part at near ties, which a random-weight model has plenty of
-MAX_MEDIAN_TWO_LAYERS = 0.25  # the median position: 4 times the flips' 0.06, 4 times under the smallest wrong shift
-MIN_AGREEMENT_TWO_LAYERS = 0.75  # flips at the second router move the pick at a few positions; dropping an expert
-# keeps at most 37% of them
+# How close is close. The CPU's part differs from the GPU's by its kernels' rounding: the CPU quantizes the layer's
+# input to q8_0 where CUDA takes q8_1, and the GPU's matrix-vector kernels sum in another order. On these random-weight
+# models, whose logits are full of near ties, that is not small: on an H100, with every miss on the CPU and one MoE
+# layer, the hybrid's logits were ``cpu_moe``'s to the last digit, 0.938 of the top-1 picks kept and a median position
+# 0.096 of its spread (the standard deviation over the vocabulary) from the cache alone; with two layers, whose second
+# router flips picks at near ties, 0.955 and 0.134. So the bound is llama.cpp's own CPU-GPU gap on the same model and
+# positions, measured in the same run: the hybrid keeps as many top-1 picks as ``cpu_moe`` less 0.1 (which picks flip
+# at near ties differs from run to run: at 90% agreement over 128 positions the difference of two runs spreads by
+# about 0.04), and its median position is within 1.5 times ``cpu_moe``'s plus 0.01 of the spread. A wrong computation
+# is far outside it: dropping one of a token's 4 experts (expert_used_count 3, on the CPU build) moves the median
+# position by 1.7 to 2.7 of its spread and keeps at most 37% of the top-1 picks.
+AGREEMENT_SLACK = 0.1
+MEDIAN_FACTOR = 1.5
+MEDIAN_SLACK = 0.01
+
+Gap = tuple[float, float]  # top-1 agreement, median position's logit error in its spread
 
 
 @pytest.fixture(scope="module", params=[("qwen3moe", 1), ("qwen3moe", 2), ("gpt-oss", 1), ("gpt-oss", 2)],
@@ -73,53 +70,67 @@ def tokens(bos: int) -> list[int]:
 UNSET = object()
 
 
-def forced(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None) -> tuple[np.ndarray, MoeCacheStats]:
+def forced(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None,
+           cache_mib: int = CACHE_MIB) -> tuple[np.ndarray, MoeCacheStats | None]:
     """The logits of every position of :func:`tokens` decoded one token a step (device lookups) through a cache of
-    half the experts, with ``moe_hybrid`` as given (not passed at all: UNSET) and ``env`` set, and the cache's
-    counts."""
+    half the experts (``cache_mib=0``: none, the CPU computing every expert), with ``moe_hybrid`` as given (not
+    passed at all: UNSET) and ``env`` set, and the cache's counts."""
     with pytest.MonkeyPatch.context() as mp:
         for k in SWITCHES:
             mp.delenv(k, raising=False)
         for k, v in (env or {}).items():
             mp.setenv(k, v)  # read when the context is made
         kwargs = {} if hybrid is UNSET else {"moe_hybrid": hybrid}
-        with Llama(str(path), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=CACHE_MIB,
+        with Llama(str(path), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=cache_mib,
                    logits_all=True, verbose=False, **kwargs) as llm:
             for t in tokens(llm.token_bos()):
                 llm.eval([t])
             logits = llm.scores[:N_POSITIONS].copy()
             stats = llm.moe_cache_stats()
-    assert stats is not None and np.isfinite(logits).all()
+    assert np.isfinite(logits).all()
+    return logits, stats
+
+
+def cached(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None) -> tuple[np.ndarray, MoeCacheStats]:
+    logits, stats = forced(path, hybrid, env)
+    assert stats is not None
     return logits, stats
 
 
 @pytest.fixture(scope="module")
 def reference(moe: Path) -> tuple[np.ndarray, MoeCacheStats]:
     """The cache alone (``moe_hybrid=False``): what the hybrid's logits are compared with."""
-    return forced(moe, False)
+    return cached(moe, False)
 
 
-def assert_close(got: np.ndarray, want: np.ndarray, what: str, n_layer: int) -> None:
-    """Close as rounding leaves the logits (see MAX_ERROR_ONE_LAYER and what follows it)."""
-    agreement = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
+def gap(got: np.ndarray, want: np.ndarray) -> Gap:
     error = np.abs(got - want).max(axis=1) / want.std(axis=1)  # per position
-    print(f"{what} ({n_layer} MoE layers): top-1 agreement {agreement:.3f}, logit error of the spread: largest "
-          f"{error.max():.2e}, median {np.median(error):.2e}")
-    if n_layer == 1:
-        assert agreement >= MIN_AGREEMENT_ONE_LAYER, (what, agreement)
-        assert error.max() <= MAX_ERROR_ONE_LAYER, (what, error.max())
-    else:
-        assert agreement >= MIN_AGREEMENT_TWO_LAYERS, (what, agreement)
-        assert np.median(error) <= MAX_MEDIAN_TWO_LAYERS, (what, np.median(error))
+    return float((got.argmax(axis=1) == want.argmax(axis=1)).mean()), float(np.median(error))
+
+
+@pytest.fixture(scope="module")
+def cpu_gap(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> Gap:
+    """llama.cpp's own gap: ``cpu_moe`` without the cache (the CPU computes every expert) against the cache alone."""
+    return gap(forced(moe, cache_mib=0)[0], reference[0])
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, cpu: Gap, what: str) -> None:
+    """As close to the cache alone as ``cpu_moe`` is (see AGREEMENT_SLACK and what precedes it)."""
+    agreement, median = gap(got, want)
+    print(f"{what}: top-1 agreement {agreement:.3f}, median position {median:.3f} of the spread; cpu_moe "
+          f"{cpu[0]:.3f}, {cpu[1]:.3f}")
+    assert agreement >= cpu[0] - AGREEMENT_SLACK, (what, agreement, cpu)
+    assert median <= MEDIAN_FACTOR * cpu[1] + MEDIAN_SLACK, (what, median, cpu)
 
 
 def n_moe_layers(path: Path) -> int:
     return GGUFInfo.read(path).require_block_count()
 
 
-def test_hybrid_is_close_to_the_cache_alone(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
-    logits, stats = forced(moe, True, FORCED)
-    assert_close(logits, reference[0], "moe_hybrid=True", n_moe_layers(moe))
+def test_hybrid_is_close_to_the_cache_alone(moe: Path, reference: tuple[np.ndarray, MoeCacheStats],
+                                            cpu_gap: Gap) -> None:
+    logits, stats = cached(moe, True, FORCED)
+    assert_close(logits, reference[0], cpu_gap, "moe_hybrid=True")
     # the CPU computed some of the misses (the device lookups' misses count them too), in hand-offs it was busy in
     assert stats.host_max > 0 and stats.n_host > 0, stats
     assert stats.n_host_calls > 0 and stats.host_busy_us > 0, stats
@@ -135,31 +146,22 @@ def test_hybrid_is_close_to_the_cache_alone(moe: Path, reference: tuple[np.ndarr
 
 def test_off_is_byte_identical_to_no_keyword(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
     # moe_hybrid=False is the library's default: the same graph, the same logits byte for byte, nothing on the CPU
-    logits, stats = forced(moe)
+    logits, stats = cached(moe)
     assert logits.tobytes() == reference[0].tobytes()
     assert (stats.n_host, stats.n_host_calls, stats.host_busy_us, stats.host_max) == (0, 0, 0, 0), stats
     # the forced share does nothing while the hybrid is off
-    logits, stats = forced(moe, False, FORCED)
+    logits, stats = cached(moe, False, FORCED)
     assert logits.tobytes() == reference[0].tobytes() and stats.n_host == 0, stats
 
 
-@pytest.mark.parametrize("handoff", ["func", "flags"])
-def test_both_handoffs_are_close(moe: Path, reference: tuple[np.ndarray, MoeCacheStats], handoff: str) -> None:
-    # LLAMA_MOE_HYBRID_HANDOFF chooses between the two ways the CPU learns its experts and hands back its part (a
-    # measurement; one of them goes): each computes on the CPU and stays close
-    logits, stats = forced(moe, True, {**FORCED, "LLAMA_MOE_HYBRID_HANDOFF": handoff})
-    assert stats.n_host > 0 and stats.host_max > 0, (handoff, stats)
-    assert_close(logits, reference[0], f"handoff {handoff}", n_moe_layers(moe))
-
-
-def test_auto_measures_its_rates(moe: Path, reference: tuple[np.ndarray, MoeCacheStats]) -> None:
+def test_auto_measures_its_rates(moe: Path, reference: tuple[np.ndarray, MoeCacheStats], cpu_gap: Gap) -> None:
     # "auto" chooses from the rates it measures when the context is made: both measured; where it chose a share the
     # logits are close, where it chose none they are the cache alone's, byte for byte
-    logits, stats = forced(moe, "auto")
+    logits, stats = cached(moe, "auto")
     assert stats.host_expert_us > 0 and stats.upload_expert_us > 0 and stats.handoff_us >= 0, stats
     print(f"auto: host_max {stats.host_max}, CPU {stats.host_expert_us:.1f} us/expert, upload "
           f"{stats.upload_expert_us:.1f} us/expert, hand-off {stats.handoff_us:.1f} us")
     if stats.host_max == 0:
         assert stats.n_host == 0 and logits.tobytes() == reference[0].tobytes(), stats
     else:
-        assert_close(logits, reference[0], "moe_hybrid='auto'", n_moe_layers(moe))
+        assert_close(logits, reference[0], cpu_gap, "moe_hybrid='auto'")
