@@ -6,7 +6,8 @@
 #   ci/gpu.sh wheel [pytest args]  build the CUDA wheel (ci/wheel.sh cuda, sm_90 unless PYLLAMA_MOE_CUDA_ARCHS says
 #                                  otherwise), install it in a fresh venv with only its dependencies and run the GPU
 #                                  tests there with the CUDA toolkit hidden (venv: /tmp/wheel/venv)
-#   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup
+#   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup (and
+#                                  the hybrid decode's hand-off)
 #   ci/gpu.sh pristine             build upstream's llama-bench and llama-batched-bench from the pinned tree without
 #                                  our patches into $PYLLAMA_MOE_PRISTINE_BUILD (/tmp/pristine), for bench --pristine
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
@@ -135,6 +136,11 @@ sanitize() {
     # the prediction's scoring, lookups and copies: shared memory races and barriers
     for tool in racecheck synccheck; do
         LLAMA_MOE_CACHE_PREDICT=2 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
+    done
+    # the hybrid decode: the lookup writing the CPU's share and raising the hand-off's flags, the add waiting on them
+    for tool in memcheck racecheck synccheck; do
+        LLAMA_MOE_HYBRID=1 LLAMA_MOE_HYBRID_SHARE=1.0 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
+            ci/sanitize_decode.py qwen3moe
     done
     # the op's sequences on the device (test-moe-cache-lookup: lookups, prefetches, predictions in one graph)
     local bin
