@@ -62,6 +62,28 @@ def test_summary_of_a_trace() -> None:
     assert gpu_trace.summarize([]) == gpu_trace.TraceSummary()
 
 
+def test_the_step_split_into_the_prediction_s_copies_the_lookups_and_compute() -> None:
+    # a layer: compute [0,100]; the prediction's copy (16 blocks) [50,180]: under compute to 100, then alone while the
+    # next lookup waits for it; the lookup's own misses (42 blocks) [200,240]; compute [240,300] with the next
+    # prediction's copy [260,280] beside it; nothing [180,200]
+    def kernel(name: str, ts: float, dur: float, grid: int) -> dict[str, Any]:
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                "args": {"stream": 7, "grid": [grid, 1, 1]}}
+
+    s = gpu_trace.summarize([
+        kernel("mul_mat_vec_q", 0, 100, 128), kernel("moe_cache_copy_kernel(args)", 50, 130, 16),
+        kernel("moe_cache_copy_kernel(args)", 200, 40, 42), kernel("mul_mat_vec_q", 240, 60, 128),
+        kernel("moe_cache_copy_kernel(args)", 260, 20, 16)])
+    assert s.wall_ms == pytest.approx(0.300)
+    assert s.prefetch_copy_ms == pytest.approx(0.150)
+    assert s.prefetch_alone_ms == pytest.approx(0.080)  # [100,180]
+    assert s.demand_copy_ms == pytest.approx(0.040)
+    assert s.compute_alone_ms == pytest.approx(0.090)  # [0,50] and [240,260], [280,300]
+    assert s.idle_ms == pytest.approx(0.020)
+    assert s.copy_kernel_ms == pytest.approx(0.190)  # both kinds
+    assert "prediction's copies 0.1 (0.1 alone), other copy kernels 0.0, compute alone 0.1, idle 0.0" in s.line()
+
+
 def test_a_disabled_tracer_records_nothing() -> None:
     # the bench's runs without --trace go through the same code: no PyTorch needed, nothing recorded
     with gpu_trace.Tracer(False) as t:

@@ -18,6 +18,11 @@ from typing import Any
 
 # kernels that move bytes rather than compute: the copy-regions kernel, the MoE cache's miss copies, cpy
 COPY_KERNELS = ("copy_regions", "moe_cache_copy")
+# the MoE cache's copy kernel as the prediction launches it, on its own stream: a grid of at most this many blocks
+# (MOE_CACHE_PREFETCH_BLOCKS), where a lookup's own misses take a block per 64 KiB of each missing expert (42 an
+# expert on the 30b-a3b's shapes). In a captured graph the streams are the graph's, so the grid tells them apart
+PREFETCH_COPY = "moe_cache_copy"
+PREFETCH_BLOCKS = 16
 
 Interval = tuple[float, float]
 
@@ -64,6 +69,14 @@ class TraceSummary:
     # compute stream, the prediction's on a stream of its own), which are kernels, not memcpys
     copy_kernel_ms: float = 0.0
     copy_under_compute_ms: float = 0.0
+    # the step's time split: the prediction's copies (PREFETCH_BLOCKS) and what of them ran with no other kernel (a
+    # lookup waiting for them), the other copy kernels (a lookup's own misses, which its layer waits for), compute
+    # with no copy beside it, and nothing at all
+    prefetch_copy_ms: float = 0.0
+    prefetch_alone_ms: float = 0.0
+    demand_copy_ms: float = 0.0
+    compute_alone_ms: float = 0.0
+    idle_ms: float = 0.0
     h2d_mib: float = 0.0
     d2d_mib: float = 0.0
     n_kernels: int = 0
@@ -79,13 +92,19 @@ class TraceSummary:
         return (f"wall {self.wall_ms:.1f} ms: compute {self.compute_ms:.1f}, H2D {self.h2d_ms:.1f} "
                 f"({self.h2d_mib:.0f} MiB, {gbps:.1f} GB/s, {hidden:.0f}% under compute), copy kernels "
                 f"{self.copy_kernel_ms:.1f} ({copy_hidden:.0f}% under compute), D2D {self.d2d_ms:.1f} "
-                f"({self.d2d_mib:.0f} MiB); {self.n_kernels} kernels, {self.n_memcpy} memcpys; streams busy "
+                f"({self.d2d_mib:.0f} MiB); prediction's copies {self.prefetch_copy_ms:.1f} "
+                f"({self.prefetch_alone_ms:.1f} alone), other copy kernels {self.demand_copy_ms:.1f}, compute alone "
+                f"{self.compute_alone_ms:.1f}, idle {self.idle_ms:.1f}; {self.n_kernels} kernels, {self.n_memcpy} "
+                f"memcpys; streams busy "
                 + ", ".join(f"{k} {v:.1f}" for k, v in self.streams.items()) + f"; top: {top}")
 
 
 def _kind(event: Mapping[str, Any]) -> str | None:
     cat, name = event.get("cat", ""), event.get("name", "")
     if cat == "kernel":
+        if PREFETCH_COPY in name:
+            grid = event.get("args", {}).get("grid") or [0]
+            return "prefetch" if 0 < int(grid[0]) <= PREFETCH_BLOCKS else "copy"
         return "copy" if any(k in name for k in COPY_KERNELS) else "compute"
     if cat == "gpu_memcpy":
         if "HtoD" in name:
@@ -98,7 +117,7 @@ def _kind(event: Mapping[str, Any]) -> str | None:
 
 def summarize(events: Iterable[Mapping[str, Any]]) -> TraceSummary:
     """A summary of the GPU events of a Chrome trace (``ts`` and ``dur`` in microseconds)."""
-    spans: dict[str, list[Interval]] = {"compute": [], "copy": [], "h2d": [], "d2d": [], "other": []}
+    spans: dict[str, list[Interval]] = {"compute": [], "copy": [], "prefetch": [], "h2d": [], "d2d": [], "other": []}
     per_stream: dict[str, list[Interval]] = {}
     kernels: dict[str, list[float]] = {}
     s = TraceSummary()
@@ -129,11 +148,17 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> TraceSummary:
     s.wall_ms = (everything[-1][1] - everything[0][0]) / 1e3
     s.compute_ms = length(compute) / 1e3
     s.h2d_ms = length(h2d) / 1e3
-    s.d2d_ms = length(union(spans["d2d"] + spans["copy"])) / 1e3
+    s.d2d_ms = length(union(spans["d2d"] + spans["copy"] + spans["prefetch"])) / 1e3
     s.h2d_under_compute_ms = intersection(h2d, compute) / 1e3
-    copies = union(spans["copy"])
+    copies = union(spans["copy"] + spans["prefetch"])
     s.copy_kernel_ms = length(copies) / 1e3
     s.copy_under_compute_ms = intersection(copies, compute) / 1e3
+    prefetch, demand = union(spans["prefetch"]), union(spans["copy"])
+    s.prefetch_copy_ms = length(prefetch) / 1e3
+    s.prefetch_alone_ms = (length(prefetch) - intersection(prefetch, union(spans["compute"] + spans["copy"]))) / 1e3
+    s.demand_copy_ms = length(demand) / 1e3
+    s.compute_alone_ms = (length(compute) - intersection(compute, copies)) / 1e3
+    s.idle_ms = s.wall_ms - length(everything) / 1e3
     s.streams = {k: round(length(union(v)) / 1e3, 3) for k, v in sorted(per_stream.items())}
     s.top_kernels = sorted(((n, int(c), t / 1e3) for n, (c, t) in kernels.items()), key=lambda x: -x[2])[:10]
     return s
