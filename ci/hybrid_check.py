@@ -1,12 +1,11 @@
 """Hybrid decode (#41) on one model and cache size: the same tokens decoded teacher-forced, one token a step, with the
-hybrid off, on and auto; per run the decode speed,
-the device lookups' hit rate, the experts the CPU computed per token, the CPU's busy time per token, the rates the
-share followed from, and against the run with the hybrid off: the top-1 agreement, the largest logit difference and
-the median over positions of each position's largest difference (a router's pick flipped at a near tie moves a few
-positions far; a wrong part moves every one). Two reference rows without the cache give the size of an honest
-difference: ``gpu`` (every expert on the GPU: the cache alone should equal it) and ``cpu_moe`` (the CPU computes
-every expert, upstream's path: the rounding gap between the CPU's kernels and the GPU's, which the hybrid's CPU part
-has too). ``ci/gpu_session.steps`` runs it.
+hybrid off, on and auto; per run the decode speed, the device lookups' hit rate, the experts the CPU computed per token,
+the CPU's busy time per token, the rates the share followed from, and against the run with the hybrid off: the top-1
+agreement, the largest logit difference and the median over positions of each position's largest difference (a router's
+pick flipped at a near tie moves a few positions far; a wrong part moves every one). Two reference rows without the
+cache give the size of an honest difference: ``gpu`` (every expert on the GPU: the cache alone should equal it) and
+``cpu_moe`` (the CPU computes every expert, upstream's path: the rounding gap between the CPU's kernels and the GPU's,
+which the hybrid's CPU part has too). ``ci/gpu_session.steps`` runs it.
 
     python ci/hybrid_check.py MODEL.gguf [--fraction 0.25] [--tokens 128] [--json OUT]
 """
@@ -28,17 +27,17 @@ from pyllama_moe.tools.text import prose_text
 
 RATES = ("host_expert_us", "upload_expert_us", "handoff_us", "host_max")  # the split, chosen at creation
 
-# name, environment, whether the cache is on (else: cpu_moe says where the experts are)
-RUNS: tuple[tuple[str, dict[str, str], bool], ...] = (
-    ("off", {"LLAMA_MOE_HYBRID": "0"}, True),
-    ("on", {"LLAMA_MOE_HYBRID": "1"}, True),
-    ("auto", {"LLAMA_MOE_HYBRID": "2"}, True),
+# name, environment, whether the cache is on, whether the experts live in host memory (cpu_moe)
+Run = tuple[str, dict[str, str], bool, bool]
+RUNS: tuple[Run, ...] = (
+    ("off", {"LLAMA_MOE_HYBRID": "0"}, True, True),
+    ("on", {"LLAMA_MOE_HYBRID": "1"}, True, True),
+    ("auto", {"LLAMA_MOE_HYBRID": "2"}, True, True),
 )
-REFERENCES: tuple[tuple[str, dict[str, str], bool], ...] = (("gpu", {}, False), ("cpu_moe", {}, False))
+REFERENCES: tuple[Run, ...] = (("gpu", {}, False, False), ("cpu_moe", {}, False, True))
 
 
-def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: int, cpu_moe: bool = True,
-        ) -> dict[str, object]:
+def run(model: str, mib: int, tokens: list[int], env: dict[str, str], threads: int, cpu_moe: bool) -> dict[str, object]:
     os.environ.pop("LLAMA_MOE_HYBRID", None)
     os.environ.update(env)
     with Llama(model, n_ctx=2048, n_batch=512, n_gpu_layers=-1, cpu_moe=cpu_moe, moe_cache_mib=mib, logits_all=True,
@@ -82,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     with Llama(args.model, vocab_only=True, verbose=False) as tok:
         tokens = tok.tokenize(prose_text().encode(), add_bos=True)[: args.tokens + 16]
     rows = {}
-    for name, env, cached in RUNS + (REFERENCES if args.references else ()):
-        rows[name] = run(args.model, mib if cached else 0, tokens, env, args.threads, cpu_moe=cached or name != "gpu")
+    for name, env, cached, cpu_moe in RUNS + (REFERENCES if args.references else ()):
+        rows[name] = run(args.model, mib if cached else 0, tokens, env, args.threads, cpu_moe)
     ref = rows["off"]["logits"]
     assert isinstance(ref, np.ndarray)
     out = []
