@@ -13,6 +13,14 @@ pytest.importorskip("httpx")
 from pyllama_moe.__main__ import main  # noqa: E402
 
 
+def served(url: str) -> int:
+    """The requests the server has answered, from its /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics").text
+    return int(next(line.split()[-1] for line in text.splitlines() if line.startswith("pyllama_moe_requests_total")))
+
+
 def test_loadtest_against_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pyllama_moe.server import ModelSettings, ServerSettings, create_app
     from pyllama_moe.tools import synth
@@ -36,6 +44,10 @@ def test_loadtest_against_a_server(tmp_path: Path, capsys: pytest.CaptureFixture
             assert all(1 <= s["tokens"] <= 8 for s in lv["samples"])
         printed = capsys.readouterr().out
         assert "agg t/s" in printed and len(printed.strip().splitlines()) == 3
+        # untimed warm-ups: one request at the start, a round of 3 before the level of 3 (not with --no-warm)
+        assert served(r.url) == 1 + 2 + 3 + 6
+        assert main(["loadtest", r.url, "--clients", "3", "--requests", "1", "--max-tokens", "2", "--no-warm"]) == 0
+        assert served(r.url) == 12 + 1 + 3
         # a server that is not there: an error, not a hang
         assert main(["loadtest", "http://127.0.0.1:9", "--clients", "1", "--timeout", "5"]) == 1
     finally:
