@@ -247,6 +247,13 @@ int main(int argc, char ** argv) {
     CHECK(cudaMalloc((void **) &dev, 8*expert));
     CHECK(cudaFuncSetAttribute(copy_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, NBUF*PIECE));
 
+    if (FILE * f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {
+        char line[256] = {0};
+        if (fgets(line, sizeof(line), f)) {
+            printf("transparent huge pages: %s", line);
+        }
+        fclose(f);
+    }
     const int grids[] = { 16, 32, 66, 132, 264, 528 };
     for (int kind = 0; kind < 3; ++kind) {
         host_mem m = alloc_host(kind == 0 ? "cudaHostAlloc" : kind == 1 ? "registered, huge pages" : "registered, 4 KiB pages",
