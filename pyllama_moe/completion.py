@@ -310,9 +310,13 @@ class Completion:
                 logprobs["token_logprobs"][0] = None
                 logprobs["top_logprobs"][0] = None
         out = self._chunk(text, logprobs, self.finish_reason)
-        n_prompt, n_gen = len(self.req.prompt_tokens), len(self.tokens)
-        out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+        out["usage"] = self.usage()
         return out
+
+    def usage(self) -> dict[str, int]:
+        """The tokens of the prompt and those generated so far, as a completion's ``usage``."""
+        n_prompt, n_gen = len(self.req.prompt_tokens), len(self.tokens)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
 
     def step_chunk(self) -> dict[str, Any] | None:
         """The chunk of the token just taken (None when it releases nothing yet: a possible stop string)."""
@@ -329,9 +333,12 @@ class Completion:
         rest = self.text.release(final=True)
         return ([self._chunk(rest, None, None)] if rest else []) + [self._chunk("", None, self.finish_reason)]
 
-    def chunks(self) -> Generator[dict[str, Any], None, None]:
+    def chunks(self) -> Generator[dict[str, Any], None, dict[str, int]]:
+        """The stream's chunks; its return value (a consumer's StopIteration) is the ``usage`` a whole completion
+        has, which streamed chunks do not carry (the server counts tokens by it)."""
         for _ in self._run():
             chunk = self.step_chunk()
             if chunk is not None:
                 yield chunk
         yield from self.final_chunks()
+        return self.usage()

@@ -371,12 +371,13 @@ class Llama:
         while self._streamer is not None and self._streamer != me and not self._closed:
             self._turn.wait()
 
-    def _stream(self, steps: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+    def _stream(self, steps: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
         """A stream consumed outside the call that made it. From its first step to its end (exhausted, closed, or
         dropped) it holds the Llama: calls of other threads wait for it (``_wait_turn``). Each step holds the lock,
-        finds the Llama open and runs under its verbosity (values sent go through). A call of the consuming thread
-        that moves the context between two steps (another completion, ``eval``, ``reset``, ``load_state``) makes the
-        stream's next step raise LlamaError rather than go on from the other call's tokens."""
+        finds the Llama open and runs under its verbosity (values sent go through); it returns what ``steps``
+        returns (a completion's usage). A call of the consuming thread that moves the context between two steps
+        (another completion, ``eval``, ``reset``, ``load_state``) makes the stream's next step raise LlamaError
+        rather than go on from the other call's tokens."""
         value = None
         held = False
         moves = -1  # the session's count of moves after this stream's last step
@@ -394,8 +395,8 @@ class Llama:
                     with backend.verbosity(self.verbose):
                         try:
                             item = steps.send(value) if value is not None else next(steps)
-                        except StopIteration:
-                            return
+                        except StopIteration as end:
+                            return end.value
                     moves = self._session.moves
                 value = yield item
         finally:

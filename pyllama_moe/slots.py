@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,13 +62,14 @@ class Job:
         """Leave the slot at the next step (the chunks not read are dropped)."""
         self.cancelled.set()
 
-    def chunks(self) -> Iterator[dict[str, Any]]:
-        """The stream's chunks as they come; closing the iterator early cancels the request."""
+    def chunks(self) -> Generator[dict[str, Any], None, dict[str, int]]:
+        """The stream's chunks as they come, returning its usage (``Completion.chunks``); closing the iterator early
+        cancels the request."""
         try:
             while True:
                 item = self.events.get()
                 if item is _END:
-                    return
+                    return self.completion.usage()
                 if isinstance(item, BaseException):
                     raise item
                 yield item

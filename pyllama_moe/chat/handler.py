@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Protocol
 
 from pyllama_moe.json_schema import JSON_GBNF, InvalidSchemaError, SchemaError, json_schema_to_gbnf
@@ -314,8 +314,17 @@ def _completion_to_chat(completion: dict[str, Any]) -> dict[str, Any]:
     return _chat_completion(completion, {"role": "assistant", "content": choice["text"]}, choice["finish_reason"])
 
 
-def _chunks_to_chat(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for i, chunk in enumerate(chunks):
+def _returning(chunks: Iterable[dict[str, Any]], ret: list[Any]) -> Generator[dict[str, Any], None, None]:
+    """The chunks of a completion's stream, what the stream returns (its usage) appended to ``ret``, so that a
+    stream converted from it returns it too (closing this closes the stream)."""
+    stream: Generator[dict[str, Any], None, Any] = (
+        chunks if isinstance(chunks, Generator) else (c for c in chunks))  # a list of chunks returns nothing
+    ret.append((yield from stream))
+
+
+def _chunks_to_chat(chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, Any]:
+    ret: list[Any] = []
+    for i, chunk in enumerate(_returning(chunks, ret)):
         head = _chunk_head(chunk)
         choice = chunk["choices"][0]
         if i == 0:
@@ -327,6 +336,7 @@ def _chunks_to_chat(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]
             "logprobs": convert_logprobs_to_chat(choice.get("logprobs")),
             "finish_reason": choice["finish_reason"],
         }]}
+    return ret[0] if ret else None
 
 
 def convert_completion_to_chat(completion_or_chunks: Any, stream: bool = False) -> Any:
@@ -352,10 +362,11 @@ def convert_completion_to_chat_function(tool_name: str, completion_or_chunks: An
     return _function_chunks(tool_name, completion_or_chunks)
 
 
-def _function_chunks(tool_name: str, chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _function_chunks(tool_name: str, chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, Any]:
     head: dict[str, Any] | None = None
     tool_id = None
-    for chunk in chunks:
+    ret: list[Any] = []
+    for chunk in _returning(chunks, ret):
         if head is None:
             head = _chunk_head(chunk)
             tool_id = "call__0_" + tool_name + "_" + chunk["id"]
@@ -380,4 +391,5 @@ def _function_chunks(tool_name: str, chunks: Iterator[dict[str, Any]]) -> Iterat
     if head is not None:
         yield {**head, "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": None, "delta": {
             "role": None, "content": None, "function_call": None, "tool_calls": None}}]}
+    return ret[0] if ret else None
 

@@ -64,16 +64,29 @@ async def stream(model: ServedModel, make: Callable[[Any], Iterator[dict[str, An
 
     def produce(llama: Any) -> None:
         it: Any = None
+        n_chunks, usage = 0, None
         try:
-            it = make(llama)
-            for chunk in it:
+            it = iter(make(llama))
+            while True:
+                try:
+                    chunk = next(it)
+                except StopIteration as end:  # a completion's stream returns its usage
+                    usage = end.value
+                    break
                 handoff.put(queue, chunk)
-                model.stats.completion_tokens += 1
+                n_chunks += 1
                 if gone.is_set() or model.stop.is_set():
                     break
         except Exception as e:  # noqa: BLE001 - reported to the client as an SSE error event
             handoff.put(queue, e)
         finally:
+            # the tokens by the stream's usage; a stream that ended early (or a handler's that returns none) counts
+            # its chunks, nearly a token each
+            if isinstance(usage, dict):
+                model.stats.prompt_tokens += int(usage.get("prompt_tokens", 0))
+                model.stats.completion_tokens += int(usage.get("completion_tokens", 0))
+            else:
+                model.stats.completion_tokens += n_chunks
             close = getattr(it, "close", None)
             if close is not None:
                 try:

@@ -210,3 +210,28 @@ def test_sample_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYLLAMA_MOE_SAMPLE_THREADS", "many")
     with pytest.raises(ValueError, match="PYLLAMA_MOE_SAMPLE_THREADS"):
         sample_threads(4)
+
+
+def _drained(stream: Iterator[Any]) -> tuple[int, Any]:
+    """The chunks of a stream and what it returned."""
+    n = 0
+    while True:
+        try:
+            next(stream)
+        except StopIteration as end:
+            return n, end.value
+        n += 1
+
+
+def test_a_stream_returns_the_usage_of_its_whole_twin(llm: Llama) -> None:
+    # streamed chunks carry no usage; the stream returns it (what the server counts its tokens by), alone, through
+    # the slots and converted to chat
+    kw: dict[str, Any] = {"max_tokens": 6, "temperature": 0}
+    whole = llm.create_completion(PROMPTS[0], **kw)["usage"]
+    assert whole["completion_tokens"] == 6
+    n, usage = _drained(llm.create_completion(PROMPTS[0], stream=True, **kw))
+    assert usage == whole and n > 0
+    assert _drained(llm.submit_completion(PROMPTS[0], stream=True, **kw).chunks())[1] == whole
+    chat = [{"role": "user", "content": "Say hi"}]
+    whole_chat = llm.create_chat_completion(chat, **kw)["usage"]
+    assert _drained(iter(llm.create_chat_completion(chat, stream=True, **kw)))[1] == whole_chat
