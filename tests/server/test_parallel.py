@@ -283,20 +283,16 @@ def test_settings() -> None:
 
 def test_metrics_count_the_tokens_of_streamed_requests(server: Running) -> None:
     # through the slots too: a streamed request counts the tokens its whole twin reports
-    def counted() -> dict[str, float]:
-        text = httpx.get(f"{server.url}/metrics", timeout=10).text
-        return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith("pyllama")}
-
     _idle(server)
     body = {"model": "tiny", "prompt": "Hello there", "max_tokens": 5, "temperature": 0}
-    before = counted()
+    before = server.counters("tiny")
     assert _raw_stream(server, body)
-    streamed = counted()
+    streamed = server.counters("tiny")
     usage = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["usage"]
     for name in ("prompt", "completion"):
         key = f"pyllama_moe_{name}_tokens_total"
         assert streamed[key] - before[key] == usage[f"{name}_tokens"] > 0
-        assert counted()[key] - streamed[key] == usage[f"{name}_tokens"]
+        assert server.counters("tiny")[key] - streamed[key] == usage[f"{name}_tokens"]
 
 
 def test_the_moe_hit_rate_of_metrics_is_since_the_last_read() -> None:

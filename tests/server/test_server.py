@@ -65,29 +65,23 @@ def test_streaming_matches_and_ends_with_done(server: Running) -> None:
     assert lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in lines)
 
 
-def _counted(server: Running) -> dict[str, float]:
-    """The tiny model's counters of /metrics."""
-    text = httpx.get(f"{server.url}/metrics").text
-    return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines() if 'model="tiny"' in line}
-
-
 def test_metrics_count_the_tokens_of_streamed_requests(server: Running) -> None:
     # a streamed request counts the tokens its whole twin reports (its chunks carry no usage: the stream returns it)
     client = server.client()
     chat = [{"role": "user", "content": "Say hi"}]
-    before = _counted(server)
+    before = server.counters("tiny")
     for _ in client.completions.create(model="tiny", prompt="Hello there", max_tokens=5, temperature=0, stream=True):
         pass
     for _ in client.chat.completions.create(model="tiny", messages=chat, max_tokens=4, temperature=0, stream=True):
         pass
-    streamed = _counted(server)
+    streamed = server.counters("tiny")
     a = client.completions.create(model="tiny", prompt="Hello there", max_tokens=5, temperature=0).usage
     b = client.chat.completions.create(model="tiny", messages=chat, max_tokens=4, temperature=0).usage
     for name, n in (("prompt", a.prompt_tokens + b.prompt_tokens),
                     ("completion", a.completion_tokens + b.completion_tokens)):
         key = f"pyllama_moe_{name}_tokens_total"
         assert streamed[key] - before[key] == n > 0
-        assert _counted(server)[key] - streamed[key] == n
+        assert server.counters("tiny")[key] - streamed[key] == n
 
 
 def test_embeddings(server: Running) -> None:
