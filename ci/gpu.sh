@@ -137,10 +137,14 @@ sanitize() {
     for tool in racecheck synccheck; do
         LLAMA_MOE_CACHE_PREDICT=2 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
     done
-    # the hybrid decode: the lookup writing the CPU's share and raising the hand-off's flags, the add waiting on them
-    for tool in memcheck racecheck synccheck; do
-        LLAMA_MOE_HYBRID=1 LLAMA_MOE_HYBRID_SHARE=1.0 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
-            ci/sanitize_decode.py qwen3moe
+    # the hybrid decode: the lookup writing the CPU's share and raising the hand-off's flags, the add waiting on them;
+    # and with nothing for the CPU, where neither touches host memory
+    local share
+    for share in 1.0 0; do
+        for tool in memcheck racecheck synccheck; do
+            LLAMA_MOE_HYBRID=1 LLAMA_MOE_HYBRID_SHARE=$share compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
+                ci/sanitize_decode.py qwen3moe
+        done
     done
     # the op's sequences on the device (test-moe-cache-lookup: lookups, prefetches, predictions in one graph)
     local bin

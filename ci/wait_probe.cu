@@ -1,7 +1,9 @@
 // What a layer's wait for the host costs the hybrid decode (#41), by the way it waits.
 //
-// The hybrid's add waits for a done flag in host memory with stream memory operations (cuStreamWaitValue32, then
-// cuStreamWriteValue32 to clear it), inside the decode's CUDA graph. With the CPU given nothing (the lookup raises the
+// The hybrid's add waited for a done flag in host memory with stream memory operations (cuStreamWaitValue32, then
+// cuStreamWriteValue32 to clear it), inside the decode's CUDA graph; since 2026-12-06 a one-thread kernel polls it,
+// and only where the lookup left the host work (the wait could not be skipped, and beside the prediction's copies its
+// read of host memory waited behind them). With the CPU given nothing (the lookup raises the
 // flag itself) the hybrid still cost an H100 60 us a MoE layer, and CUDA graphs saved it less than the cache alone.
 // This probe times 48 "layers" of two small kernels, the first raising a flag in host memory as the lookup does,
 // captured in a graph and replayed, and eagerly:
