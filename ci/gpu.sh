@@ -8,6 +8,7 @@
 #                                  tests there with the CUDA toolkit hidden (venv: /tmp/wheel/venv)
 #   ci/gpu.sh sanitize             compute-sanitizer over a short decode through the MoE cache's device lookup (and
 #                                  the hybrid decode's hand-off)
+#   ci/gpu.sh sanitize-hybrid      only the hybrid decode's part of it, the CPU given every miss and none
 #   ci/gpu.sh pristine             build upstream's llama-bench and llama-batched-bench from the pinned tree without
 #                                  our patches into $PYLLAMA_MOE_PRISTINE_BUILD (/tmp/pristine), for bench --pristine
 #   ci/gpu.sh models               make the 30b-a3b synthetic model and its dense counterpart in /tmp if absent
@@ -137,20 +138,25 @@ sanitize() {
     for tool in racecheck synccheck; do
         LLAMA_MOE_CACHE_PREDICT=2 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
     done
-    # the hybrid decode: the lookup writing the CPU's share and raising the hand-off's flags, the add waiting on them;
-    # and with nothing for the CPU, where neither touches host memory
-    local share
-    for share in 1.0 0; do
-        for tool in memcheck racecheck synccheck; do
-            LLAMA_MOE_HYBRID=1 LLAMA_MOE_HYBRID_SHARE=$share compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
-                ci/sanitize_decode.py qwen3moe
-        done
-    done
+    sanitize_hybrid
     # the op's sequences on the device (test-moe-cache-lookup: lookups, prefetches, predictions in one graph)
     local bin
     bin=$(cd /tmp && "$PY" -c 'import os, pyllama_moe; print(os.path.join(os.path.dirname(pyllama_moe.__file__), "bin"))')
     for tool in memcheck racecheck synccheck; do
         compute-sanitizer --tool $tool --error-exitcode 3 "$bin/test-moe-cache-lookup"
+    done
+}
+
+sanitize_hybrid() {
+    # the hybrid decode: the lookup writing the CPU's share and raising the hand-off's flags, the add waiting on them;
+    # and with nothing for the CPU, where neither touches host memory
+    local share tool
+    for share in 1.0 0; do
+        for tool in memcheck racecheck synccheck; do
+            echo "gpu.sh: the hybrid at LLAMA_MOE_HYBRID_SHARE=$share under $tool"
+            LLAMA_MOE_HYBRID=1 LLAMA_MOE_HYBRID_SHARE=$share compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
+                ci/sanitize_decode.py qwen3moe
+        done
     done
 }
 
@@ -232,6 +238,7 @@ case "${1:-}" in
     build)    build ;;
     models)   build; models ;;
     sanitize) build; sanitize ;;
+    sanitize-hybrid) build; sanitize_hybrid ;;
     bench)    shift; build; bench "$@" ;;
     bench-predict) shift; build; bench_predict "$@" ;;
     bench-hybrid) shift; build; bench_hybrid "$@" ;;
