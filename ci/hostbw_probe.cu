@@ -54,19 +54,21 @@ static double cpu_read(const uint8_t * buf, size_t size, int n_threads, double s
     std::atomic<uint64_t> bytes{0};
     std::atomic<uint64_t> sink{0};
     std::vector<std::thread> th;
-    const size_t slice = (size / n_threads) & ~(size_t) 63;
+    const size_t slice = (size / n_threads) & ~(((size_t) 1 << 20) - 1);
     const clk::time_point t0 = clk::now();
     for (int i = 0; i < n_threads; ++i) {
         th.emplace_back([&, i] {
-            const uint64_t * p = (const uint64_t *) (buf + i*slice);
-            const size_t n = slice / sizeof(uint64_t);
+            // 1 MiB at a time, so that the bytes counted end when the time does
+            const size_t chunk = 1u << 20;
+            const size_t n = chunk / sizeof(uint64_t);
             uint64_t s = 0;
             uint64_t b = 0;
-            while (!stop.load(std::memory_order_relaxed)) {
+            for (size_t off = 0; !stop.load(std::memory_order_relaxed); off = (off + chunk) % slice) {
+                const uint64_t * p = (const uint64_t *) (buf + i*slice + off);
                 for (size_t k = 0; k < n; k += 8) {
                     s += p[k] ^ p[k + 1] ^ p[k + 2] ^ p[k + 3] ^ p[k + 4] ^ p[k + 5] ^ p[k + 6] ^ p[k + 7];
                 }
-                b += slice;
+                b += chunk;
             }
             bytes += b;
             sink += s;
