@@ -23,14 +23,8 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                                    \
-    do {                                                                                            \
-        const cudaError_t e_ = (x);                                                                 \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
+#include "probe_check.cuh"
+
 
 static constexpr size_t CHUNK   = 64*1024; // bytes a block takes at a time, as the cache's kernel does
 static constexpr int    THREADS = 256;

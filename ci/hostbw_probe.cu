@@ -22,14 +22,8 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(x)                                                                                    \
-    do {                                                                                            \
-        const cudaError_t e_ = (x);                                                                 \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
+#include "probe_check.cuh"
+
 
 using clk = std::chrono::steady_clock;
 

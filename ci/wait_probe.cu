@@ -20,14 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(x)                                                                                    \
-    do {                                                                                            \
-        const cudaError_t e_ = (x);                                                                 \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
+#include "probe_check.cuh"
+
 #define CU_CHECK(x)                                                                                 \
     do {                                                                                            \
         const CUresult e_ = (x);                                                                    \
