@@ -149,7 +149,7 @@ sanitize() {
 
 sanitize_hybrid() {
     # the hybrid decode: the lookup writing the CPU's share and raising the hand-off's flags, the add waiting on them;
-    # and with nothing for the CPU, where neither touches host memory
+    # and with nothing for the CPU
     local share tool
     for share in 1.0 0; do
         for tool in memcheck racecheck synccheck; do
