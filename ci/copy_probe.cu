@@ -25,7 +25,6 @@
 
 #include "probe_check.cuh"
 
-
 static constexpr size_t CHUNK   = 64*1024; // bytes a block takes at a time, as the cache's kernel does
 static constexpr int    THREADS = 256;
 

@@ -24,7 +24,6 @@
 
 #include "probe_check.cuh"
 
-
 using clk = std::chrono::steady_clock;
 
 static double seconds_since(clk::time_point t) {
