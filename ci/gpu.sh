@@ -134,9 +134,13 @@ sanitize() {
                 compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
     done
-    # the prediction's scoring, lookups and copies: shared memory races and barriers
+    # the prediction's scoring, lookups and copies: shared memory races and barriers; three layers ahead, whose
+    # copies run on through the lookups between
     for tool in racecheck synccheck; do
         LLAMA_MOE_CACHE_PREDICT=2 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe
+    done
+    for tool in memcheck racecheck synccheck; do
+        LLAMA_MOE_CACHE_PREDICT=2:3 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" ci/sanitize_decode.py qwen3moe 4 2
     done
     sanitize_hybrid
     # the op's sequences on the device (test-moe-cache-lookup: lookups, prefetches, predictions in one graph)

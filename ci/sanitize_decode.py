@@ -1,5 +1,8 @@
 """A short decode through the MoE cache's device lookup (and prefetched prompts), small enough to run
-under compute-sanitizer: ``ci/gpu.sh sanitize`` runs it with each lookup policy and prompt copy path."""
+under compute-sanitizer: ``ci/gpu.sh sanitize`` runs it with each lookup policy and prompt copy path.
+
+``python ci/sanitize_decode.py [ARCH [N_LAYER [CACHE_MIB]]]``: qwen3moe, 2 layers and 1 MiB unless given (4 layers
+and 2 MiB leave the prediction three layers ahead room for its pins)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,16 @@ from pyllama_moe.tools import synth
 
 def main() -> int:
     arch = sys.argv[1] if len(sys.argv) > 1 else "qwen3moe"
-    path = os.path.join(tempfile.gettempdir(), f"pyllama-moe-sanitize-{arch}-16x216k.gguf")
+    n_layer = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    cache_mib = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    path = os.path.join(tempfile.gettempdir(), f"pyllama-moe-sanitize-{arch}-{n_layer}x16x216k.gguf")
     if not os.path.exists(path):
-        # 16 experts of 216 KiB a layer (6.75 MiB in all): a cache of 1 MiB holds a few of them, so lookups evict and
+        # 16 experts of 216 KiB a layer (3.4 MiB a layer): a cache of 1 MiB holds a few of them, so lookups evict and
         # a prefetch finds at most one slot free beside the two the lookup before it pinned
-        synth.write_model(path, "tiny", arch=arch, skew=1.0, seed=3, n_layer=2, n_embd=256, n_ff_exp=512, n_expert=16)
+        synth.write_model(path, "tiny", arch=arch, skew=1.0, seed=3, n_layer=n_layer, n_embd=256, n_ff_exp=512,
+                          n_expert=16)
     # batches of 64 tokens: every batch of a prompt of several batches seeds the cache
-    with Llama(path, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=1, n_ctx=512, n_batch=64,
+    with Llama(path, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=cache_mib, n_ctx=512, n_batch=64,
                verbose=False) as llm:
         out = llm("The quick brown fox " * 20, max_tokens=12, temperature=0)
         # a second large ubatch after the decode filled the cache: unless LLAMA_MOE_CACHE_PREFETCH=0, its prefetch

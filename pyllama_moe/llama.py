@@ -134,6 +134,7 @@ class Llama:
         # MoE and placement (pyllama-moe)
         moe_cache_mib: int | str = 0,
         moe_cache_predict: int | None = None,
+        moe_cache_predict_depth: int | None = None,
         moe_hybrid: bool | str | None = None,
         moe_cache_state: str | os.PathLike[str] | None = None,
         cpu_moe: bool = False,
@@ -156,6 +157,9 @@ class Llama:
                 draft does not pay: with a MoE cache a verification looks up the union of its tokens' experts).
             moe_cache_predict: after each device lookup of a decode step, copy at most this many of the experts
                 that the next MoE layer is predicted to select (None: the library's default, 2; 0: off).
+            moe_cache_predict_depth: how many MoE layers ahead each device lookup predicts, at most
+                ``moe_cache_predict`` copies for each (1 to 8; None: the library's default, 1: the next layer only);
+                a prediction's copies then run on through the layers before its own. Results unchanged.
             moe_hybrid: in decode steps looked up on the device, the CPU computes a share of each MoE layer's cache
                 misses from the host experts while PCIe uploads the rest, the parts summed on the GPU; the share
                 follows from the upload and CPU rates the context measures when it is created (``moe_cache_stats()``
@@ -241,7 +245,8 @@ class Llama:
             yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
             yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
             op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
-            moe_cache_predict=moe_cache_predict, moe_hybrid=moe_hybrid, n_seq_max=n_seq_max,
+            moe_cache_predict=moe_cache_predict, moe_cache_predict_depth=moe_cache_predict_depth,
+            moe_hybrid=moe_hybrid, n_seq_max=n_seq_max,
         )
         self._placed = moe.place(self.model_path, self.model_params, self.context_params,
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,

@@ -322,6 +322,7 @@ class ContextParams:
         type_v: int | str | None = None,
         moe_cache_size: int = 0,
         moe_cache_predict: int | None = None,
+        moe_cache_predict_depth: int | None = None,
         moe_hybrid: bool | str | None = None,
     ) -> None:
         p = self.ptr = ffi.new("struct llama_context_params *", lib.llama_context_default_params())
@@ -366,6 +367,8 @@ class ContextParams:
         p.moe_cache_size = check_int("moe_cache_size", moe_cache_size, 0)
         if moe_cache_predict is not None:  # None: the library's default
             p.moe_cache_predict = check_int("moe_cache_predict", moe_cache_predict, 0, 2**31 - 1)
+        if moe_cache_predict_depth is not None:  # a prediction pins its slots for at most 7 lookups
+            p.moe_cache_predict_depth = check_int("moe_cache_predict_depth", moe_cache_predict_depth, 1, 8)
         # kept apart from the C field (which reads as an attribute, as llama-cpp-python's params do): None is unset
         self._moe_hybrid = moe_hybrid_mode(moe_hybrid)
         if self._moe_hybrid is not None:  # None: the library's default (off)

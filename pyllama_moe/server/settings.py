@@ -50,6 +50,8 @@ class ModelSettings(BaseSettings):
                                         "written at close (python -m pyllama_moe calibrate writes one)")
     moe_cache_predict: int | None = Field(default=None, ge=0, description="the device lookups' prefetch of the next "
                                           "MoE layer's predicted experts: copies per layer; 0 = off (default 2)")
+    moe_cache_predict_depth: int | None = Field(default=None, ge=1, le=8, description="the MoE layers ahead each "
+                                                "device lookup predicts (default 1: the next one)")
     moe_hybrid: bool | Literal["auto"] | None = Field(
         default=None, description="the CPU computes a share of the MoE cache's misses in decode while PCIe uploads "
                                   "the rest: false, true or auto (on where it pays, measured); default off")

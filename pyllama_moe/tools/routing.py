@@ -13,7 +13,8 @@ The experts each layer selects for every token are recorded through llama.cpp's 
 - an LRU cache of 10 / 25 / 50 / 80% of all experts (one cache for every layer, looked up token by token as a decode
   step looks it up): its hit rate;
 - prediction: the recall of layer l+1's experts by layer l+1's router applied to layer l's router input (top-K, and
-  within the top 2K), the figure a prefetch of the next layer's experts is built on;
+  within the top 2K), the figure a prefetch of the next layer's experts is built on; and by distance, layer l+d's
+  router on layer l's input for d = 1, 2, 3, 4, 6 (top-K), what a prefetch further ahead could count on;
 - the MoE cache's device lookup (its CLOCK, :mod:`.cachesim`) of 10 / 25 / 50 / 80% of all experts replayed on the
   recording without and with that prefetch (as ``LLAMA_MOE_CACHE_PREDICT=2`` makes it: :data:`PREDICT_BUDGET`
   copies per layer at most): hit rates, the share of the misses the prefetch copied ahead, and the experts it copies
@@ -25,8 +26,9 @@ The experts each layer selects for every token are recorded through llama.cpp's 
 
 The recording is :mod:`.capture`'s, the default text :mod:`.text`'s.
 
-Public API: :func:`report`, :func:`format_report`, :func:`policies`, :func:`cache_hit_rates`; :func:`record`,
-:class:`Recording` and :func:`stdlib_text` from the modules they live in.
+Public API: :func:`report`, :func:`format_report`, :func:`policies`, :func:`cache_hit_rates`,
+:func:`prediction_recall`, :func:`recall_by_distance`; :func:`record`, :class:`Recording` and :func:`stdlib_text`
+from the modules they live in.
 """
 
 from __future__ import annotations
@@ -47,12 +49,14 @@ import numpy.typing as npt
 from pyllama_moe.tools.capture import Recording, record
 from pyllama_moe.tools.text import stdlib_text
 
-__all__ = ["CACHE_FRACTIONS", "Recording", "cache_hit_rates", "format_report", "policies", "record", "report",
-           "stdlib_text"]
+__all__ = ["CACHE_FRACTIONS", "RECALL_DISTANCES", "Recording", "cache_hit_rates", "format_report", "policies",
+           "prediction_recall", "recall_by_distance", "record", "report", "stdlib_text"]
 
 CACHE_FRACTIONS = (0.10, 0.25, 0.50, 0.80)
 # the prediction replayed as the device makes it with LLAMA_MOE_CACHE_PREDICT=2: at most 2 copies per layer and token
 PREDICT_BUDGET = 2
+# the distances (in layers) the report gives the stale gate's recall for: layer l+d's router on layer l's input
+RECALL_DISTANCES = (1, 2, 3, 4, 6)
 
 
 # ---------------------------------------------------------------- statistics (numpy only)
@@ -108,13 +112,17 @@ def lru_hit_rate(rec: Recording, fraction: float) -> float:
     return hits / lookups if lookups else 0.0
 
 
-def prediction_recall(rec: Recording, routers: dict[int, npt.NDArray[np.float32]]) -> dict[int, tuple[float, float]]:
-    """Per layer l+1: the recall of its selected experts by the top-K and the top-2K of its router applied to layer
-    l's router input (``routers[il]``: ``[n_expert, n_embd]``)."""
+def prediction_recall(rec: Recording, routers: dict[int, npt.NDArray[np.float32]], distance: int = 1
+                      ) -> dict[int, tuple[float, float]]:
+    """Per layer l+d (``d``: ``distance``): the recall of its selected experts by the top-K and the top-2K of its
+    router applied to layer l's router input (``routers[il]``: ``[n_expert, n_embd]``), the stale gate of a prefetch
+    ``d`` layers ahead."""
+    if distance < 1:
+        raise ValueError(f"distance must be at least 1, got {distance}")
     out = {}
-    layers = rec.layers
-    for a, b in zip(layers, layers[1:], strict=False):
-        if b != a + 1 or a not in rec.router_in or b not in routers:
+    for a in rec.layers:
+        b = a + distance
+        if b not in rec.topk or a not in rec.router_in or b not in routers:
             continue
         k = rec.topk[b].shape[1]
         logits = rec.router_in[a] @ routers[b].T  # [n_tokens, n_expert]
@@ -124,6 +132,18 @@ def prediction_recall(rec: Recording, routers: dict[int, npt.NDArray[np.float32]
         r2 = np.mean([len(set(p[:2 * k]) & set(tr)) / k
                       for p, tr in zip(order.tolist(), truth.tolist(), strict=False)])
         out[b] = (float(r1), float(r2))
+    return out
+
+
+def recall_by_distance(rec: Recording, routers: dict[int, npt.NDArray[np.float32]],
+                       distances: Sequence[int] = RECALL_DISTANCES) -> dict[str, float]:
+    """Per distance ``d`` (as a string, the report's JSON key): the top-K recall of :func:`prediction_recall`
+    averaged over the layers l+d it has; distances the model has no pair of layers for are left out."""
+    out = {}
+    for d in distances:
+        per_layer = prediction_recall(rec, routers, d)
+        if per_layer:
+            out[str(d)] = float(np.mean([r[0] for r in per_layer.values()]))
     return out
 
 
@@ -189,6 +209,7 @@ def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = 
     if pred:
         overall["recall_k"] = float(np.mean([r[0] for r in pred.values()]))
         overall["recall_2k"] = float(np.mean([r[1] for r in pred.values()]))
+        overall["recall_by_distance"] = recall_by_distance(rec, routers or {})
     overall["policies"] = policies(rec)
     overall["lru"] = {k: v["lru"] for k, v in overall["policies"].items()}
     if routers:
@@ -252,6 +273,9 @@ def format_report(rep: dict[str, Any]) -> str:
     for il, v in rep["layers"].items():
         lines.append(row(str(il), v))
     lines.append(row("all (mean)", o))
+    if o.get("recall_by_distance"):
+        lines += ["", "layer l+d's router on layer l's input (a prediction d layers ahead), top-K recall: " +
+                  ", ".join(f"d = {d} {v:.1%}" for d, v in o["recall_by_distance"].items())]
     lines += ["", "LRU cache of all layers' experts, hit rate: " +
               ", ".join(f"{k} of the experts {v:.1%}" for k, v in o["lru"].items())]
     if o.get("policies"):

@@ -6,6 +6,10 @@ and the shared-expert models) and has a band per measure: the range the publishe
 the 30b-a3b expert topology (48 layers, 8 of 128 experts), interpolated where a paper measured other cache sizes.
 "Cache" is a fraction of all routed experts; hit rates are of one LRU over every layer's experts, looked up token by
 token (on a real Qwen3-30B-A3B trace global and per-layer LRU differ by 1-2 points, so the two compare directly).
+"recall_k d=N" is the stale gate N layers ahead (layer l+N's router on layer l's router input, top-K recall): for the
+Qwen3 family the engineering rule measured on Qwen3-class models (3.5 to 4 points less per further layer) applied to
+the next layer's 88.6%; for the dispersed family, which no one has measured that far ahead, the same rule applied to
+its next-layer band (a floor on how fast recall falls: spread routing is the less predictable).
 
 Public API: :class:`Band`, :data:`REFERENCES`, :data:`SOURCES`, :func:`compare`, :func:`format_compare`.
 """
@@ -21,7 +25,7 @@ from typing import Any
 class Band:
     """One measure of a model family: its range and where the figures come from (keys of :data:`SOURCES`)."""
 
-    measure: str  # a key of compare()'s figures: "lru 25%", "overlap", "cover90", "recall_k"
+    measure: str  # a key of compare()'s figures: "lru 25%", "overlap", "cover90", "recall_k", "recall_k d=2"
     low: float
     high: float
     sources: tuple[str, ...]
@@ -43,6 +47,12 @@ SOURCES: dict[str, str] = {
                 "selections on 1k tokens of mixed text, 45% on 8k tokens of Python)",
     "fate": "FATE, arXiv 2502.12224 (cross-layer recall of DeepSeek-class models about 79% training-free, about 97% "
             "with a wider candidate set)",
+    "route-ahead": "BigMoeOnEdge's stale gate N layers back (github Helldez/BigMoeOnEdge docs/route-ahead.md, pull "
+                   "142: Qwen3-class models about 85% one layer ahead and 3.5 to 4 points less per further layer; "
+                   "Qwen3-30B-A3B 88.6% one layer ahead, pull 101, so by that rule about 84-85% two layers ahead and "
+                   "about 81% three)",
+    "colibri": "colibri 866 (OLMoE-1B-7B, a trained linear probe: 84.5% of the next layer's experts, 81.9% two "
+               "layers ahead)",
 }
 
 REFERENCES: dict[str, tuple[str, tuple[Band, ...]]] = {
@@ -54,12 +64,17 @@ REFERENCES: dict[str, tuple[str, tuple[Band, ...]]] = {
         Band("overlap", 0.42, 0.47, ("imp", "bigmoe")),
         Band("cover90", 0.45, 0.51, ("handbook",)),
         Band("recall_k", 0.84, 0.90, ("bigmoe", "fate")),
+        Band("recall_k d=2", 0.84, 0.86, ("route-ahead", "colibri")),
+        Band("recall_k d=3", 0.80, 0.83, ("route-ahead",)),
     )),
     "dispersed": ("Mixtral-8x7B, Qwen2-57B-A14B (routing spread over the experts, shared experts)", (
         Band("lru 25%", 0.34, 0.40, ("liang",)),
         Band("lru 50%", 0.58, 0.64, ("liang",)),
         Band("lru 80%", 0.83, 0.88, ("liang",)),
         Band("recall_k", 0.75, 0.82, ("fate",)),
+        # the next layer's band less 3.5 to 4 points per further layer
+        Band("recall_k d=2", 0.71, 0.785, ("fate", "route-ahead")),
+        Band("recall_k d=3", 0.67, 0.75, ("fate", "route-ahead")),
     )),
 }
 
@@ -71,6 +86,8 @@ def figures(report: Mapping[str, Any]) -> dict[str, float]:
     for key in ("overlap", "cover90", "recall_k", "recall_2k"):
         if key in o:
             out[key] = float(o[key])
+    # the stale gate further ahead (the next layer's is recall_k)
+    out.update({f"recall_k d={d}": float(v) for d, v in o.get("recall_by_distance", {}).items() if d != "1"})
     return out
 
 

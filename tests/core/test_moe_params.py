@@ -112,6 +112,8 @@ def test_use_mmap_false_is_load_mode_none(caplog: pytest.LogCaptureFixture, path
     ({"fit": "yes"}, "fit must be True or False"),
     ({"moe_cache_predict": -1}, "moe_cache_predict must be in"),
     ({"moe_cache_predict": "2"}, "moe_cache_predict must be an integer"),
+    ({"moe_cache_predict_depth": 0}, "moe_cache_predict_depth must be in"),
+    ({"moe_cache_predict_depth": 9}, "moe_cache_predict_depth must be in"),
     # only False, True and "auto": no word or number that reads as true
     ({"moe_hybrid": "on"}, "moe_hybrid must be False, True or 'auto', got 'on'"),
     ({"moe_hybrid": "AUTO"}, "moe_hybrid must be False, True or 'auto'"),
@@ -287,6 +289,13 @@ def test_moe_cache_predict_reaches_the_context_params(path: Path, predict: int |
     # None leaves the library's default (2 copies per layer and ubatch), a number is passed as given
     with Llama(str(path), n_ctx=64, moe_cache_predict=predict, verbose=False) as llm:
         assert llm.context_params.ptr.moe_cache_predict == want
+
+
+@pytest.mark.parametrize("depth, want", [(None, 1), (1, 1), (3, 3), (8, 8)])
+def test_moe_cache_predict_depth_reaches_the_context_params(path: Path, depth: int | None, want: int) -> None:
+    # None leaves the library's default (the next MoE layer only), a number is passed as given
+    with Llama(str(path), n_ctx=64, moe_cache_predict_depth=depth, verbose=False) as llm:
+        assert llm.context_params.ptr.moe_cache_predict_depth == want
 
 
 def test_moe_cache_state_without_a_cache_is_ignored(path: Path, tmp_path: Path,

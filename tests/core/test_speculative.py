@@ -90,18 +90,21 @@ def test_greedy_output_does_not_depend_on_the_draft(model: Any, kind: str) -> No
     prompt_text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef"
     with Llama(str(model), n_ctx=512, verbose=False, seed=3) as plain:
         prompt = plain.tokenize(prompt_text.encode())
-        ref = plain.create_completion(prompt, max_tokens=40, temperature=0.0)
-        n_plain = plain._session.n_tokens
         ref_tokens, margins = _greedy(plain, prompt, 48)
     # a multi-token decode rounds otherwise than one-token decodes: the greedy pick can only differ where two
-    # logits are that close, so the outputs are compared up to the first near tie (on this model: none)
+    # logits are that close, so the outputs are compared up to the first near tie (where it falls depends on the
+    # CPU's kernels: none in 48 tokens on some machines, at 33 on an AVX-512 one); enough tokens for several drafts
     sure = next((i for i, m in enumerate(margins) if m < 1e-3), len(margins))
-    assert sure >= 40
+    assert sure >= 24, margins
+    n_ref = min(40, sure)
+    with Llama(str(model), n_ctx=512, verbose=False, seed=3) as plain:
+        ref = plain.create_completion(prompt, max_tokens=n_ref, temperature=0.0)
+        n_plain = plain._session.n_tokens
     draft: LlamaDraftModel = (LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=8) if kind == "lookup"
                               else Oracle(prompt, ref_tokens, 6, wrong=kind == "wrong"))
     with Llama(str(model), n_ctx=512, verbose=False, seed=3, draft_model=draft) as llm:
         decodes = _decodes(llm)
-        got = llm.create_completion(prompt, max_tokens=40, temperature=0.0)
+        got = llm.create_completion(prompt, max_tokens=n_ref, temperature=0.0)
         assert got["choices"][0]["text"] == ref["choices"][0]["text"]
         assert got["choices"][0]["finish_reason"] == ref["choices"][0]["finish_reason"]
         # only what was sampled stays evaluated, as without a draft (the last token yielded is not)
@@ -111,7 +114,7 @@ def test_greedy_output_does_not_depend_on_the_draft(model: Any, kind: str) -> No
         elif kind == "wrong":  # every proposal rejected: one decode per token, as without a draft
             assert decodes[0] == ref["usage"]["completion_tokens"] - 1
         # a second completion reuses the evaluated prefix and agrees with a fresh one
-        again = llm.create_completion(prompt, max_tokens=40, temperature=0.0)
+        again = llm.create_completion(prompt, max_tokens=n_ref, temperature=0.0)
         assert again["choices"][0]["text"] == ref["choices"][0]["text"]
         got_tokens, _ = _greedy(llm, prompt, 48)
         assert got_tokens[:sure] == ref_tokens[:sure]

@@ -43,7 +43,7 @@ def test_architecture_ubatches_of_1_to_32_identical(monkeypatch: pytest.MonkeyPa
     for cache_bytes in (EVICTS, half, HOLDS):
         want, _ = chunks(monkeypatch, path, cache_bytes, "0", "0")
         assert np.isfinite(want).all()
-        for device, predict in (("1", "0"), ("1", "2"), ("1", "8")):
+        for device, predict in (("1", "0"), ("1", "2"), ("1", "8"), ("1", "2:3")):
             got, stats = chunks(monkeypatch, path, cache_bytes, device, predict)
             assert stats is not None
             what = f"{arch}: cache {cache_bytes >> 10} KiB, device {device}, predict {predict}"

@@ -52,6 +52,26 @@ def test_prediction_recall() -> None:
     assert r1 == 0.0 and r2 < 1.0
 
 
+def test_prediction_recall_by_distance() -> None:
+    # layer 2 selects by its router on layer 0's input: predicted exactly two layers ahead, not from layer 1's
+    # input, which knows nothing of it
+    rng = np.random.default_rng(1)
+    x0, x1 = (rng.standard_normal((60, 16)).astype(np.float32) for _ in range(2))
+    w1, w2 = (rng.standard_normal((8, 16)).astype(np.float32) for _ in range(2))
+    top = {il: np.argsort(-(x @ w.T), axis=1)[:, :2].astype(np.int32) for il, x, w in ((1, x1, w1), (2, x0, w2))}
+    rec = routing.Recording(8, {0: np.zeros((60, 2), np.int32), **top}, {0: x0, 1: x1})
+    routers = {1: w1, 2: w2}
+    assert routing.prediction_recall(rec, routers, 2) == {2: (1.0, 1.0)}
+    next_layer = routing.prediction_recall(rec, routers)  # the default: one layer ahead
+    assert list(next_layer) == [1, 2] and next_layer[2][0] < 0.6
+    # the mean over the layers of each distance; none three layers ahead in a model of three
+    ahead = routing.recall_by_distance(rec, routers, (1, 2, 3))
+    assert list(ahead) == ["1", "2"] and ahead["2"] == 1.0
+    assert ahead["1"] == pytest.approx(np.mean([r[0] for r in routing.prediction_recall(rec, routers).values()]))
+    with pytest.raises(ValueError, match="distance"):
+        routing.prediction_recall(rec, routers, 0)
+
+
 def test_split_neurons_is_balanced_and_groups_alike_rows() -> None:
     rng = np.random.default_rng(1)
     dirs = rng.standard_normal((4, 32))
@@ -98,8 +118,10 @@ def test_moefy_writes_a_moe_that_routes(dense: Path, tmp_path: Path) -> None:
     rep = routing.report(rec, routing.router_weights(out))
     assert rep["n_tokens"] == len(tokens) and set(rep["overall"]["lru"]) == {"10%", "25%", "50%", "80%"}
     assert 0 < rep["overall"]["cover90"] <= 1 and 0 <= rep["overall"]["recall_k"] <= rep["overall"]["recall_2k"] <= 1
+    assert list(rep["overall"]["recall_by_distance"]) == ["1", "2"]  # three layers: at most two ahead
+    assert rep["overall"]["recall_by_distance"]["1"] == pytest.approx(rep["overall"]["recall_k"])
     text = routing.format_report(rep)
-    assert "all (mean)" in text and "LRU cache" in text
+    assert "all (mean)" in text and "LRU cache" in text and "top-K recall: d = 1 " in text
 
 
 def test_moefy_with_every_expert_is_the_dense_model(dense: Path, tmp_path: Path) -> None:

@@ -2,19 +2,28 @@
 whose routers behave like a trained MoE's.
 
 A trained MoE's router logit for expert ``e`` at layer ``l`` mixes a preference of the layer for some experts, the
-token itself and the recent context, and what the layer before computed adds a part that its own router input cannot
-predict. The regimes build exactly these terms, so that on real text
+token itself and the recent context, and what the layers before computed adds a part that an earlier router input
+cannot predict. The regimes build exactly these terms, so that on real text
 
-    z[l, e](i) = aP(l) * P[l, e] + N[l, e](token i) + aC(l) * C[l, e](tokens i, i-1, ...) + a_new * F[l, e](i)
+    z[l, e](i) = aP(l) * P[l, e] + N[l, e](token i) + aC(l) * C[l, e](tokens i, i-1, ...)
+                 + a_new * F[l, l - 1, e](i) + sum over j >= 2 of a_old[j - 2] * F[l, l - j, e](i)
                  + aD * D[l, e](i, i-1, ...)
 
 with ``P``, ``N``, ``C``, ``F``, ``D`` of unit variance. A :class:`Regime` holds the constants: ``aP`` and ``aC`` by
-depth, ``a_new``, ``aD`` (``a_drift``), the recency windows' lengths and their sharpness. Each is fitted to the
-published figures of the models it stands for (``docs/routing.md``; :mod:`pyllama_moe.tools.routing_refs` holds
-them): ``realistic`` to Qwen3-30B-A3B (the deep layers concentrate on fewer experts, a context of about 15 tokens, the
-next layer 86% predictable), ``dispersed`` to Mixtral- and shared-expert models (no preferred experts, a context of a
-few tokens, routing that drifts). ``F`` is what layer ``l - 1``'s experts computed: the part of layer ``l``'s routing
-that layer ``l - 1``'s router input cannot predict.
+depth, ``a_new`` and ``a_old``, ``aD`` (``a_drift``), the recency windows' lengths and their sharpness. Each is
+fitted to the published figures of the models it stands for (``docs/routing.md``; :mod:`pyllama_moe.tools.routing_refs`
+holds them): ``realistic`` to Qwen3-30B-A3B (the deep layers concentrate on fewer experts, a context of about 15
+tokens, the next layer 87% predictable, three layers ahead 82%), ``dispersed`` to Mixtral- and shared-expert models
+(no preferred experts, a context of a few tokens, routing that drifts). ``F[l, l - j]`` is what layer ``l - j``'s
+experts computed, read by layer ``l``'s router through rows of its own: the part of layer ``l``'s routing that the
+router inputs of layer ``l - j`` and before cannot predict. Layer ``l - d``'s router input holds what the layers
+before it wrote, not what layers ``l - d`` to ``l - 1`` write, so a prediction of layer ``l``'s experts ``d`` layers
+ahead misses ``a_new^2 + a_old[0]^2 + ... + a_old[d - 2]^2`` of the logit's variance: the further ahead, the less it
+recalls, as in trained models (3.5 to 4 points a layer on Qwen3-class ones). ``a_old`` decays with the distance and
+reaches back a few layers (the distances a prefetch looks ahead); further back a layer's routing reads nothing more,
+so the recall stops falling there. What the banks hold changes from token to token and barely comes back with the
+token, so each bank a router reads spreads its routing, those its own input holds as much as those it lacks: ``aP``
+and ``aC`` (``realistic``) and ``aD`` (``dispersed``) are larger for it, which keeps the cache's figures.
 
 ``D``, the drift (``dispersed`` only; ``aD`` is 0 in ``realistic``), is a recency-weighted mean of what the experts
 of a few early layers wrote at the last few tokens: it changes smoothly from token to token, so neighbouring tokens
@@ -39,7 +48,8 @@ form a routing subspace that only the token embedding, the recency heads and the
   frequent tokens act as a popularity. ``dispersed`` multiplies the scores by :attr:`Regime.sharpness` (its
   layer's ``attn_q_norm`` weights on the head's rotary dimensions), which keeps the weight on the window;
 - one bank of ``d_new`` dimensions per layer ``l < n_layer - 1``, written by layer ``l``'s experts (their down
-  projections' random rows) and read by layer ``l + 1``'s router;
+  projections' random rows) and read by the routers of layers ``l + 1`` to ``l + 1 + len(a_old)``, each through
+  rows of its own (nothing else writes a bank, so it reaches every later layer as written);
 - the drift head, head 0 of layer ``DRIFT_LAYER`` (where ``aD`` is not 0): the context head's construction with
   its own window (:attr:`Regime.drift_window`, sharpened alike), its values reading the banks of the
   ``DRIFT_BANKS`` layers before it and its output projection writing the token dimensions. What those layers'
@@ -77,6 +87,9 @@ class Regime:
     sharpness: float = 1.0  # what the recency heads' attention scores are multiplied by (1: their q/k norms as is)
     a_drift: float = 0.0  # the weight of the drift D (layers DRIFT_LAYER and after)
     drift_window: tuple[float, float] = (0.05, 0.3)  # rotary frequencies of the drift head
+    # the weights of what the experts of layers l - 2, l - 3, ... wrote (set how the recall of a prediction falls
+    # with its distance)
+    a_old: tuple[float, ...] = ()
 
     def strengths(self, il: int, n_layer: int) -> tuple[float, float]:
         """``(aP, aC)`` of layer ``il``."""
@@ -88,22 +101,28 @@ class Regime:
         """The weight of the drift at layer ``il`` (0 before the drift head's layer)."""
         return self.a_drift if 0 < drift_layer(n_layer) <= il else 0.0
 
+    def bank_weights(self, il: int) -> tuple[float, ...]:
+        """The weights of what the experts of the layers before ``il`` wrote in layer ``il``'s logit, layer
+        ``il - 1``'s first (``a_new``, then ``a_old``), as far back as layer 0."""
+        return (self.a_new, *self.a_old)[:il]
+
     def logit_std(self, il: int, n_layer: int) -> float:
         """The standard deviation of layer ``il``'s router logits over experts and tokens."""
         a_pop, a_ctx = self.strengths(il, n_layer)
-        return math.sqrt(a_pop**2 + 1.0 + a_ctx**2 + (self.a_new**2 if il else 0.0) + self.drift(il, n_layer) ** 2)
+        banks = sum(w * w for w in self.bank_weights(il))
+        return math.sqrt(a_pop**2 + 1.0 + a_ctx**2 + banks + self.drift(il, n_layer) ** 2)
 
 
 # Fitted on the routing report's standard-library text at the 30b-a3b expert topology (48 layers, 8 of 128) to the
 # published figures of the models each regime stands for (docs/routing.md has them with their sources).
 REGIMES: dict[str, Regime] = {
     # Qwen3-30B-A3B: MoE in every layer, no shared expert, the most consistent routing from token to token
-    "realistic": Regime("realistic", ((0.0, 0.338, 0.825), (0.45, 0.562, 0.99), (0.5, 1.125, 1.32),
-                                      (0.7, 1.665, 1.65), (0.85, 2.475, 2.09), (1.0, 3.825, 3.3)), 0.3,
-                        (0.0125, 0.034)),
+    "realistic": Regime("realistic", ((0.0, 0.372, 0.908), (0.45, 0.618, 1.089), (0.5, 1.238, 1.452),
+                                      (0.7, 1.832, 1.815), (0.85, 2.723, 2.299), (1.0, 4.208, 3.63)), 0.29,
+                        (0.0125, 0.034), a_old=(0.2, 0.2, 0.17, 0.16, 0.15)),
     # Mixtral-8x7B, Qwen2-57B-A14B and the shared-expert models: routing spread wide and changing from token to token
-    "dispersed": Regime("dispersed", ((0.0, 0.0, 0.45), (1.0, 0.0, 0.45)), 0.33, (0.05, 0.3), sharpness=2.25,
-                        a_drift=0.95, drift_window=(0.03, 0.2)),
+    "dispersed": Regime("dispersed", ((0.0, 0.0, 0.45), (1.0, 0.0, 0.45)), 0.36, (0.05, 0.3), sharpness=2.25,
+                        a_drift=1.0, drift_window=(0.03, 0.2), a_old=(0.18, 0.16, 0.15, 0.13, 0.12)),
 }
 C_MAG = 0.5  # the constant dimension of every token embedding
 T_MAG = 0.5  # the norm of a token's vector in the token dimensions
@@ -304,8 +323,12 @@ class Routing:
         # the context's scale: the token vectors after layer 0's attention norm, through the window
         ctx = T_MAG / self.rho0 * context_norm(lay, self.rope_freq_base, sharpness=self.regime.sharpness)
         w[:, lay.ctx] = a_ctx * rng.standard_normal((n_expert, lay.d_ctx)) / ctx
-        if il:
-            w[:, lay.bank(il - 1)] = self.regime.a_new * rng.standard_normal((n_expert, lay.d_new)) / self.new[il - 1]
+        # the banks of the layers before, the previous layer's first (the draws of the rows above do not depend on
+        # how many banks the router reads)
+        for j, a_bank in enumerate(self.regime.bank_weights(il), start=1):
+            if a_bank:
+                rows = rng.standard_normal((n_expert, lay.d_new))
+                w[:, lay.bank(il - j)] = a_bank * rows / self.new[il - j]
         # the router reads the residual divided by its RMS at this layer: scaled back, the logits are z as above
         return (w * self.rms[il]).astype(np.float32)
 
