@@ -239,9 +239,7 @@ def buffer_types() -> dict[str, Any]:
     return out
 
 
-def numa_init(numa: bool | int) -> None:
-    """llama-cpp-python's ``numa``: True distributes, an int is a ``GGML_NUMA_STRATEGY_*``, False does nothing."""
-    strategy = (lib.GGML_NUMA_STRATEGY_DISTRIBUTE if numa else lib.GGML_NUMA_STRATEGY_DISABLED) \
-        if isinstance(numa, bool) else numa
+def numa_init(strategy: int) -> None:
+    """llama-cpp-python's ``numa`` (a ``GGML_NUMA_STRATEGY_*``, from ``params.check_numa``): disabled does nothing."""
     if strategy != lib.GGML_NUMA_STRATEGY_DISABLED:
         lib.llama_numa_init(strategy)

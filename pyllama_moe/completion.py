@@ -20,6 +20,7 @@ import numpy as np
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.errors import ContextLengthError
 from pyllama_moe.llama_types import CompletionLogprobs, LlamaState, LogitsProcessorList, StoppingCriteriaList
+from pyllama_moe.params import check_max_tokens, check_stop
 from pyllama_moe.sampler import Sampler, SamplingParams
 from pyllama_moe.session import Session, logits_to_logprobs
 from pyllama_moe.vocab import BaseLlamaTokenizer, Vocab, token_array
@@ -175,16 +176,21 @@ def make_request(session: Session, prompt: str | Sequence[int], *, suffix: str |
     if not isinstance(prompt, (str, list, tuple, np.ndarray)):
         raise ValueError(f"prompt must be a string or a list of tokens, got {type(prompt).__name__}")
     vocab = session.vocab
-    tokens = prompt_tokens(vocab, prompt, suffix, spm_infill, tokenizer)
     n_ctx = session.n_ctx
+    if isinstance(prompt, str) and tokenizer is None and len(prompt) >= n_ctx:
+        # a prompt whose length alone shows it cannot fit is refused before it is tokenized (a 10 MB prompt took
+        # 10 s to tokenize to be refused then)
+        least = vocab.tokens_at_least(len(prompt.encode("utf-8", errors="surrogatepass")))
+        if least >= n_ctx:
+            raise ContextLengthError(least, n_ctx, at_least=True)
+    tokens = prompt_tokens(vocab, prompt, suffix, spm_infill, tokenizer)
     if len(tokens) >= n_ctx:
         raise ContextLengthError(len(tokens), n_ctx)
+    max_tokens = check_max_tokens(max_tokens)
     if max_tokens is None or max_tokens <= 0:
         max_tokens = n_ctx - len(tokens)
-    max_tokens = min(int(max_tokens), n_ctx - len(tokens))
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    if not all(isinstance(s, str) for s in stops):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    max_tokens = min(max_tokens, n_ctx - len(tokens))
+    stops = check_stop(stop)
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise ValueError(f"logprobs must be a non-negative integer or None, got {logprobs!r}")
     if logprobs is not None and echo and not session.logits_all:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from pyllama_moe import backend
 from pyllama_moe.batch import Batch
 from pyllama_moe.errors import (
     ContextError,
+    ContextSizeError,
     LlamaError,
     check_closed,
     check_decode,
@@ -22,8 +24,30 @@ from pyllama_moe.errors import (
 )
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.model import Model
-from pyllama_moe.moe import MoeCacheStats
+from pyllama_moe.moe import MoeCacheStats, available_memory
 from pyllama_moe.params import ContextParams, check_threads
+
+
+def check_kv_memory(model: Model, params: ContextParams) -> None:
+    """Refuse an ``n_ctx`` whose KV cache is larger than the memory there is (the host's available memory and the
+    GPUs' free memory), before llama.cpp tries: ``n_ctx=10**9`` took seconds and gigabytes to end in
+    ``std::bad_alloc``. The cache is ``n_ctx`` cells of ``Model.kv_bytes_per_cell`` (the compute buffers are not
+    counted); models where that is no lower bound are left to llama.cpp."""
+    meta = model.metadata()
+    if model.is_hybrid() or lib.llama_model_n_swa(model.ptr) > 0 or \
+            f"{model.arch()}.attention.kv_lora_rank" in meta:
+        return  # only some layers' cells, a window's, or compressed rows: the estimate is no lower bound there
+    p = params.ptr
+    n_ctx = int(p.n_ctx) or model.n_ctx_train()
+    need = n_ctx * model.kv_bytes_per_cell(int(p.type_k), int(p.type_v))
+    avail = available_memory()
+    if avail is None or need <= avail:
+        return
+    avail += sum(d.memory_free for d in backend.devices() if d.type == "gpu")
+    if need > avail:
+        raise ContextSizeError(f"n_ctx={n_ctx} needs a KV cache of {need} bytes ({need >> 20} MiB), more than the "
+                               f"{avail} bytes ({avail >> 20} MiB) of memory available: lower n_ctx (or use a "
+                               "quantized type_k / type_v)")
 
 
 class Context:
@@ -32,7 +56,11 @@ class Context:
         self._mem: Any = None
         self._abort: Any = None
         self.model = model  # freed after this context
+        # what a state of this context may hold, read once (load_state checks every state against them)
+        self._kv_cell = model.kv_bytes_per_cell(int(params.ptr.type_k), int(params.ptr.type_v))
+        self._arch = model.arch().encode()
         self.verbose = verbose
+        check_kv_memory(model, params)
         mark = native_mark()
         with backend.verbosity(verbose):
             ptr = lib.llama_init_from_model(model.ptr, params.ptr[0])
@@ -150,8 +178,52 @@ class Context:
             check_size(n, size, "llama_state_get_data")
         return ffi.buffer(buf, n)[:]
 
+    def state_max_size(self) -> int | None:
+        """More bytes than any state of this context can take: what it writes now, plus every cell of every stream
+        full (its keys and values, estimated twice over, and the cell's position and sequence ids), plus each layer's
+        row headers (types and sizes). A larger state is none of this context's. None for a model with recurrent
+        layers, whose states (written only for the cells in use) are not counted here."""
+        if self.model.is_recurrent() or self.model.is_hybrid():
+            return None
+        per_cell = 2 * self._kv_cell + 8 + 4 * self.n_seq_max()
+        return int(lib.llama_state_get_size(self.ptr)) + self.n_ctx() * per_cell + 64 * self.model.n_layer() + 4096
+
+    def check_state(self, data: bytes) -> None:
+        """What llama.cpp would read first, checked before it reads it (a length read from a broken state made it
+        allocate 4 GiB before it found the buffer too short): the size, the architecture's name, the KV cache's
+        stream and cell counts. A ValueError names the field."""
+        limit = self.state_max_size()
+        if limit is not None and len(data) > limit:
+            raise ValueError(f"load_state: llama_state is {len(data)} bytes, more than any state of this context "
+                             f"(at most {limit}: n_ctx {self.n_ctx()})")
+        arch = self._arch
+        (n,) = struct.unpack_from("<I", data) if len(data) >= 4 else (-1,)
+        if n != len(arch) or data[4:4 + n] != arch:
+            got = repr(data[4:4 + n]) if 0 <= n <= 64 else f"a name of {n} bytes"
+            raise ValueError(f"load_state: the state's architecture is {got}, this model's is {arch!r} (the "
+                             "state is not one of this model's, or it is corrupt)")
+        if self.model.is_recurrent():  # a recurrent model's memory writes no stream count first
+            return
+        head = 4 + n
+        if len(data) < head + 8:
+            raise ValueError(f"load_state: llama_state ends after {len(data)} bytes, in its KV cache's header")
+        n_stream, n_cells = struct.unpack_from("<II", data, head)
+        if not 1 <= n_stream <= self.n_seq_max():
+            raise ValueError(f"load_state: the state's KV cache has n_stream {n_stream}, this context "
+                             f"1..{self.n_seq_max()} (n_seq_max)")
+        if n_cells > self.n_ctx():
+            raise ValueError(f"load_state: the state's KV cache holds {n_cells} cells (cell_count), more than "
+                             f"n_ctx {self.n_ctx()}")
+
     def state_set(self, data: bytes) -> None:
-        check_size(lib.llama_state_set_data(self.ptr, data, len(data)), len(data), "llama_state_set_data")
+        self.check_state(data)
+        mark = native_mark()  # llama.cpp logs why it refused a state ("error loading state: ...")
+        n = lib.llama_state_set_data(self.ptr, data, len(data))
+        if 0 < n < len(data):  # read whole, with bytes to spare: not what save_state wrote
+            raise LlamaError(f"load_state: llama_state has {len(data) - n} bytes past the end of the state "
+                             f"llama.cpp read ({n} bytes)")
+        check_size(n, len(data), f"load_state: llama.cpp read {n} of the state's {len(data)} bytes and refused it",
+                   since=mark)
 
     def state_save_file(self, path: str | os.PathLike[str], tokens: Sequence[int]) -> None:
         arr = ffi.new("llama_token[]", list(tokens))

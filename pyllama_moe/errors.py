@@ -42,10 +42,18 @@ class ContextLengthError(ValueError):
     """A prompt does not fit the context: the ``ValueError`` llama-cpp-python raises, with the figures (the
     server answers it as OpenAI does, ``context_length_exceeded``)."""
 
-    def __init__(self, n_requested: int, n_ctx: int) -> None:
-        super().__init__(f"Requested tokens ({n_requested}) exceed context window of {n_ctx}")
+    def __init__(self, n_requested: int, n_ctx: int, at_least: bool = False) -> None:
+        # at_least: n_requested is a bound from the prompt's length, which was refused before it was tokenized
+        super().__init__(f"Requested tokens ({'at least ' if at_least else ''}{n_requested}) exceed context window "
+                         f"of {n_ctx}")
         self.n_requested = n_requested
         self.n_ctx = n_ctx
+        self.at_least = at_least
+
+
+class ContextSizeError(ContextError, ValueError):
+    """``n_ctx`` asks for a KV cache larger than the memory there is: refused before llama.cpp allocates it (a
+    ``ContextError``, what the failed allocation gave, and a ``ValueError`` naming ``n_ctx``)."""
 
 
 class ClosedError(LlamaError):
@@ -136,9 +144,12 @@ def check_decode(code: int, what: str = "llama_decode") -> None:
         raise DecodeError(what, code)
 
 
-def check_size(n: int, expected: int, what: str) -> int:
-    """State functions return the bytes they copied: anything but ``expected`` is a failure."""
+def check_size(n: int, expected: int, what: str, since: int | None = None) -> int:
+    """State functions return the bytes they copied: anything but ``expected`` is a failure (with ``since``, the
+    llama.cpp error lines logged since then say why)."""
     if n != expected:
+        if since is not None:  # ``what`` says it all, the log lines say why
+            raise LlamaError(what + (_native_detail(since) or ": llama.cpp logged no reason"))
         raise LlamaError(f"{what} copied {n} bytes, expected {expected}")
     return n
 

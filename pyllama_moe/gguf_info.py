@@ -30,6 +30,7 @@ class GGUFInfo:
     alignment: int
     files: tuple[str, ...]  # the parts of a split model (``*-00001-of-000NN.gguf``) that exist, else the file
     meta: dict[str, Any]  # the scalar keys (numbers, booleans, strings; arrays are left out)
+    tensor_names: tuple[str, ...] = ()  # in the file's order (what override_tensor's patterns are matched with)
 
     @classmethod
     def read(cls, path: str | bytes | os.PathLike[str]) -> GGUFInfo:
@@ -53,7 +54,8 @@ class GGUFInfo:
                 expert_count=_count(meta, f"{arch}.expert_count"), n_tensors=n,
                 expert_bytes=sum(size for t, _, size in sizes if exps.search(t)),
                 data_end=int(lib.gguf_get_data_offset(ctx)) + max((off + size for _, off, size in sizes), default=0),
-                alignment=int(lib.gguf_get_alignment(ctx)), files=split_files(name), meta=meta)
+                alignment=int(lib.gguf_get_alignment(ctx)), files=split_files(name), meta=meta,
+                tensor_names=tuple(t for t, _, _ in sizes))
         finally:
             lib.gguf_free(ctx)
 

@@ -36,6 +36,8 @@ from pyllama_moe.params import (
     check_bool,
     check_float,
     check_int,
+    check_numa,
+    check_rpc_servers,
     load_mode,
     load_mode_name,
 )
@@ -216,7 +218,8 @@ class Llama:
         if verbose:
             backend.show_log_on_stderr()
         backend.init()
-        backend.numa_init(numa)
+        backend.numa_init(check_numa(numa))
+        rpc_servers = check_rpc_servers(rpc_servers)
         if rpc_servers:
             rpc.add_rpc_servers(rpc_servers)  # their devices take layers like local GPUs
         self.model_path = model_path_str(model_path)
@@ -252,6 +255,7 @@ class Llama:
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
                                  verbose=verbose)
         self._load(seed)
+        moe.warn_unmatched(override_tensor, self._model.tensor_names)
         self._warm: WarmStart | None = None
         if moe_cache_state is not None:
             self._warm = WarmStart(moe_cache_state, self._model, self._ctx)

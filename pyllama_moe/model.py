@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyllama_moe import backend
 from pyllama_moe.errors import ModelLoadError, ModelNotFoundError, check_closed, check_ptr, check_true, native_mark
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.gguf_info import GGUFInfo, split_files
-from pyllama_moe.params import ModelParams
+from pyllama_moe.params import ModelParams, warn_once
 from pyllama_moe.vocab import Vocab
 
 GGUF_MAGIC = b"GGUF"
@@ -26,8 +26,9 @@ def model_path_str(path: Any, name: str = "model_path") -> str:
     return os.fsdecode(path)
 
 
-def _check_file(path: str) -> None:
-    """Clear errors before llama.cpp sees the file: missing, a folder, not a GGUF."""
+def _check_file(path: str) -> GGUFInfo | None:
+    """Clear errors before llama.cpp sees the file: missing, a folder, not a GGUF. What the header says, None where
+    ggml cannot read it (llama.cpp then says why)."""
     if not os.path.exists(path):
         raise ModelNotFoundError(f"Model path does not exist: {path}")
     if not os.path.isfile(path):
@@ -36,21 +37,36 @@ def _check_file(path: str) -> None:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
-    _check_tensor_data(path)
+    return _check_tensor_data(path)
 
 
-def _check_tensor_data(path: str) -> None:
+def _check_tensor_data(path: str) -> GGUFInfo | None:
     """The tensors' data ends where the file does (but for the alignment's padding). A tensor count one too low
     leaves the last tensor's bytes unexplained, and ggml reads every tensor a few bytes off: garbage, no error.
     Files ggml cannot read at all are left to llama.cpp, which says why."""
     try:
         info = GGUFInfo.read(path)
     except ValueError:
-        return
+        return None
     extra = os.path.getsize(path) - info.data_end
     if info.n_tensors and extra >= info.alignment:
         raise ModelLoadError(f"{path}: {extra} bytes follow the data of its {info.n_tensors} tensors: the file is "
                              "corrupt (a wrong tensor count?)")
+    return info
+
+
+# llama.cpp's override tags by the Python type that gives them (params.ModelParams._set_kv_overrides)
+_KV_TAGS = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def _warn_kv_override_types(kv: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """llama.cpp drops an override whose type differs from the file's key (a warning in its log, silent without
+    verbose): said here, with both types. Keys the file lacks are used as given, as llama.cpp does."""
+    for key, value in kv.items():
+        want = _KV_TAGS.get(type(meta[key])) if key in meta else None
+        if want is not None and want != _KV_TAGS.get(type(value)):
+            warn_once(f"kv_overrides[{key!r}]", f"kv_overrides[{key!r}]: {value!r} is of type "
+                      f"{type(value).__name__}, the file's {key} of type {want}: llama.cpp ignores the override")
 
 
 class _ProgressBar:
@@ -88,8 +104,12 @@ class Model:
         self._ptr: Any = None
         self._fingerprint: str | None = None
         self.path = model_path_str(path)
-        _check_file(self.path)
-        backend.init()
+        backend.init()  # the bridge first: the checks' reads of the header log through it
+        with backend.verbosity(verbose):  # a file ggml cannot read logs an error: not on stderr unless verbose
+            info = _check_file(self.path)
+        self.tensor_names = info.tensor_names if info is not None else ()
+        if info is not None:
+            _warn_kv_override_types(params.kv_given, info.meta)
         bar = _progress_bar(verbose) if progress is None else None
         fn = progress or bar
         cb = backend.callback(fn) if fn is not None else None
@@ -164,6 +184,30 @@ class Model:
 
     def n_layer(self) -> int:
         return int(lib.llama_model_n_layer(self.ptr))
+
+    def arch(self) -> str:
+        """``general.architecture``: the name llama.cpp writes first in a state (``llm_arch_name``)."""
+        return self.metadata().get("general.architecture", "")
+
+    def kv_bytes_per_cell(self, type_k: int, type_v: int) -> int:
+        """Bytes one KV cell takes over all layers: each layer's keys and values (``n_embd_k_gqa`` /
+        ``n_embd_v_gqa``: the KV heads times the head sizes, ``attention.key_length`` / ``value_length``, else
+        ``n_embd / n_head``) in the cache's types. A recurrent model's state is no KV cache: 0."""
+        if self.is_recurrent() or self.n_layer() == 0:  # llama_model_n_head aborts without layers (vocab_only)
+            return 0
+        meta, n_head = self.metadata(), int(lib.llama_model_n_head(self.ptr))
+        n_head_kv = int(lib.llama_model_n_head_kv(self.ptr))
+        default = self.n_embd() // n_head if n_head > 0 else 0
+
+        def head(key: str) -> int:
+            v = meta.get(f"{self.arch()}.attention.{key}", "")
+            return int(v) if v.isdigit() else default
+
+        def row(t: int, n: int) -> int:  # ggml_row_size, which asserts (ends the process) on a partial block
+            return int(lib.ggml_type_size(t)) * n // max(1, int(lib.ggml_blck_size(t)))
+
+        return self.n_layer() * (row(type_k, n_head_kv * head("key_length")) +
+                                 row(type_v, n_head_kv * head("value_length")))
 
     def n_expert(self) -> int:
         """Experts per MoE layer (the metadata's ``<arch>.expert_count``), 0 for a dense model."""

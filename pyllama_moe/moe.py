@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from pyllama_moe import backend
 from pyllama_moe.errors import check_fit_status, native_mark
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.gguf_info import FFN_EXPS_REGEX, GGUFInfo, split_files
-from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int
+from pyllama_moe.params import ContextParams, ModelParams, check_bool, check_int, warn_once
 
 logger = logging.getLogger("pyllama_moe")
 
@@ -71,6 +71,19 @@ def parse_override_tensor(value: str | Mapping[str, str] | None) -> list[tuple[b
     else:
         raise ValueError(f"override_tensor must be a 'pattern=BUFT,...' string or a dict, got {value!r}")
     return [(_pattern(p), _buft(n)) for p, n in pairs]
+
+
+def warn_unmatched(override_tensor: str | Mapping[str, str] | None, tensor_names: Sequence[str]) -> None:
+    """An ``override_tensor`` pattern that matches none of the model's tensors places nothing, silently in llama.cpp:
+    a warning names it (llama.cpp searches with std::regex, ECMAScript; Python's ``re`` reads these patterns alike)."""
+    if not tensor_names:
+        return
+    for pattern, _ in parse_override_tensor(override_tensor):  # each compiled by Python's re there already
+        text = pattern.decode()
+        rx = re.compile(text)
+        if not any(rx.search(name) for name in tensor_names):
+            warn_once(f"override_tensor:{text}", f"override_tensor: the pattern {text!r} matches no tensor of the "
+                      f"model ({len(tensor_names)} tensors, e.g. {tensor_names[0]!r}): it places nothing")
 
 
 def placement_overrides(cpu_moe: bool = False, n_cpu_moe: int = 0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,71 @@ def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """A ``UserWarning`` the first time ``key`` is met in this process: a value llama-cpp-python accepts and
+    llama.cpp ignores or clamps is kept, but said once, not at every call of a loop."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def warn_outside(name: str, value: float, lo: float, hi: float | None) -> float:
+    """A sampling value llama.cpp clamps or ignores outside ``lo..hi``: accepted (as llama-cpp-python does), warned."""
+    if value < lo or (hi is not None and value > hi):
+        bounds = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        warn_once(name, f"{name}={value} is outside {bounds}: llama.cpp clamps or ignores it")
+    return value
+
+
+def check_max_tokens(value: Any) -> int | None:
+    """``max_tokens``: None or <= 0 fill the context (llama-cpp-python's), a finite number is cut to an integer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"max_tokens must be an integer or None, got {value!r}")
+    return int(value)
+
+
+def check_stop(value: Any) -> list[str]:
+    """``stop``: None, a string or a list of strings."""
+    stops = [value] if isinstance(value, str) else value if value is None or isinstance(value, (list, tuple)) \
+        else None
+    if stops is None or not all(isinstance(s, str) for s in stops):
+        raise ValueError(f"stop must be a string or a list of strings, got {value!r}")
+    return list(stops)
+
+
+def check_bias(name: str, value: Any) -> float:
+    """A logit bias: a finite number, or an infinity (-inf bans a token, +inf forces it)."""
+    if isinstance(value, float) and math.isinf(value):
+        return value
+    return check_float(name, value)
+
+
+def check_numa(value: Any) -> int:
+    """``numa`` as a ``GGML_NUMA_STRATEGY_*``: True distributes, False is off, an int names the strategy."""
+    if isinstance(value, bool):
+        return int(lib.GGML_NUMA_STRATEGY_DISTRIBUTE if value else lib.GGML_NUMA_STRATEGY_DISABLED)
+    if not isinstance(value, int) or not 0 <= value < lib.GGML_NUMA_STRATEGY_COUNT:
+        raise ValueError(f"numa must be True, False or a GGML_NUMA_STRATEGY_* value "
+                         f"(0..{lib.GGML_NUMA_STRATEGY_COUNT - 1}), got {value!r}")
+    return value
+
+
+def check_rpc_servers(value: Any) -> list[str] | None:
+    """``rpc_servers``: None, ``"host:port,host:port"`` or a list of ``"host:port"`` strings."""
+    if value is None or value == "" or value == []:
+        return None
+    names = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    if names is None or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"rpc_servers must be a 'host:port,...' string or a list of 'host:port' strings, "
+                         f"got {value!r}")
+    return [n.strip() for n in names]
 
 
 def moe_hybrid_mode(value: Any) -> int | None:
@@ -127,6 +193,9 @@ class ModelParams:
     ) -> None:
         self._keep: list[Any] = []
         self.token_overrides: dict[str, int] = {}  # the kv_overrides of token ids, checked against the vocabulary
+        # as given, for the check of their types against the file's (the C field keeps the name kv_overrides)
+        self.kv_given: dict[str, bool | int | float | str] = \
+            dict(kv_overrides) if isinstance(kv_overrides, Mapping) else {}
         p = self.ptr = ffi.new("struct llama_model_params *", lib.llama_model_default_params())
         p.n_gpu_layers = check_int("n_gpu_layers", n_gpu_layers, -(2**31), 2**31 - 1)
         p.split_mode = _enum("split_mode", split_mode, SPLIT_MODES)

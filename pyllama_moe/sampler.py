@@ -19,7 +19,7 @@ from pyllama_moe.errors import GrammarError, LlamaError, check_closed, check_ptr
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.gbnf import check_grammar
 from pyllama_moe.grammar import grammar_text
-from pyllama_moe.params import check_float, check_int
+from pyllama_moe.params import check_bias, check_float, check_int, warn_outside
 
 if TYPE_CHECKING:
     from pyllama_moe.context import Context
@@ -52,6 +52,10 @@ class SamplingParams:
         check_int("top_k", self.top_k, -(2**31), 2**31 - 1)
         for name in ("top_p", "min_p", "typical_p", "mirostat_tau", "mirostat_eta"):
             check_float(name, getattr(self, name))
+        # llama-cpp-python passes these on unchecked and llama.cpp clamps or ignores them: kept, but said
+        for name in ("top_p", "min_p", "typical_p"):
+            warn_outside(name, getattr(self, name), 0.0, 1.0)
+        warn_outside("mirostat_tau", self.mirostat_tau, 0.0, None)
         check_float("repeat_penalty", self.repeat_penalty)
         if self.repeat_penalty <= 0:
             raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
@@ -62,6 +66,8 @@ class SamplingParams:
         check_int("seed", self.seed, -(2**63), 2**64 - 1)
         if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
             raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+        for key, bias in (self.logit_bias or {}).items():  # before the prompt is evaluated
+            check_bias(f"logit_bias[{_token_key(key)}]", bias)
         g = grammar_text(self.grammar)
         if g is not None:  # before the request evaluates its prompt: a refused grammar costs nothing
             check_grammar(g[0])
@@ -113,7 +119,7 @@ class Sampler:
                 tok = _token_key(key)
                 if not 0 <= tok < self.n_vocab:
                     raise ValueError(f"logit_bias: token {tok} is not in the vocabulary (0..{self.n_vocab - 1})")
-                items.append((tok, check_float(f"logit_bias[{tok}]", bias) if abs(bias) != float("inf") else bias))
+                items.append((tok, check_bias(f"logit_bias[{tok}]", bias)))
             arr = ffi.new("llama_logit_bias[]", items)
             self._add(lib.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
         if _penalized(p):

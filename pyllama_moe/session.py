@@ -15,7 +15,7 @@ import numpy as np
 
 from pyllama_moe.batch import Batch
 from pyllama_moe.context import Context
-from pyllama_moe.errors import ContextLengthError
+from pyllama_moe.errors import ContextLengthError, LlamaError
 from pyllama_moe.llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
 from pyllama_moe.sampler import Sampler
 from pyllama_moe.vocab import Vocab, token_array
@@ -222,7 +222,11 @@ class Session:
             raise ValueError(f"load_state: n_tokens {state.n_tokens} is outside the context (0..{self.n_ctx}) "
                              "or its input_ids")
         self.moves += 1
-        self.ctx.state_set(state.llama_state[:state.llama_state_size])
+        try:
+            self.ctx.state_set(state.llama_state[:state.llama_state_size])
+        except LlamaError:
+            self.reset()  # llama.cpp emptied or half read the cache: none of the tokens held before are there
+            raise
         n = state.n_tokens
         self.input_ids[:] = 0
         self.input_ids[:n] = state.input_ids[:n]

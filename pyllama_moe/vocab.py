@@ -58,6 +58,7 @@ class Vocab:
         # both at every token, a call into the library each that the parallel slots' step makes for every slot
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._max_piece: int | None = None
 
     @property
     def ptr(self) -> Any:
@@ -127,8 +128,10 @@ class Vocab:
         return token_array("the tokenizer's tokens", ids, self.n_tokens).tolist()
 
     def tokenize(self, text: bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        if isinstance(text, str):
-            raise TypeError("tokenize takes bytes (llama-cpp-python's API): use text.encode('utf-8')")
+        if not isinstance(text, bytes):  # cffi's own message for a bytearray or None names no argument
+            hint = "text.encode('utf-8')" if isinstance(text, str) else "bytes(text)"
+            raise TypeError(f"tokenize: text must be bytes (llama-cpp-python's API), got {type(text).__name__}"
+                            + (f": use {hint}" if isinstance(text, (str, bytearray, memoryview)) else ""))
         cap = len(text) + 8
         failed = ffi.new("bool *")
         while True:
@@ -146,6 +149,16 @@ class Vocab:
                                      "tokenizer.ggml.model does not fit its tokens")
                 return ids
             cap = -n
+
+    def tokens_at_least(self, n_bytes: int) -> int:
+        """A lower bound on the tokens of a text of ``n_bytes`` bytes, without tokenizing it: BPE and SPM keep every
+        byte of the text in the pieces of its tokens, so there are at least ``n_bytes`` over the longest piece
+        (special tokens' text included). 0 for the vocabularies that drop or merge characters (WPM, UGM, ...)."""
+        if n_bytes <= 0 or lib.llama_vocab_type(self.ptr) not in (lib.LLAMA_VOCAB_TYPE_BPE, lib.LLAMA_VOCAB_TYPE_SPM):
+            return 0
+        if self._max_piece is None:  # read once, n_vocab calls (a tenth of a second for 150k tokens)
+            self._max_piece = max((len(self.piece(t, special=True)) for t in range(self.n_tokens)), default=1)
+        return -(-n_bytes // max(1, self._max_piece))
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """One token's bytes (``llama_token_to_piece``): a call into the library the first time."""

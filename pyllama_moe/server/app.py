@@ -91,7 +91,8 @@ def _error_of(e: BaseException, param: str | None = None) -> JSONResponse:
     """The OpenAI-shaped error for an exception of a request: a bad value is the client's (400), the rest ours."""
     if isinstance(e, ContextLengthError):  # OpenAI's (and llama-cpp-python's) wording and code
         return _error(400, f"This model's maximum context length is {e.n_ctx} tokens. However, you requested "
-                           f"{e.n_requested} tokens. Please reduce the length of the {param or 'prompt'}.",
+                           f"{'at least ' if e.at_least else ''}{e.n_requested} tokens. Please reduce the length "
+                           f"of the {param or 'prompt'}.",
                       code="context_length_exceeded", param=param)
     if isinstance(e, PermissionError):
         return _error(401, str(e), "authentication_error")

@@ -71,6 +71,99 @@ CASES = {
         expect(TypeError, lambda: llm.load_state(None), 'LlamaState')
         llm.load_state(st)
     """),
+    # issue #72: what llama.cpp would read first in a state is checked before it reads it: a length of 0xFFFFFFFF made
+    # it allocate 4 GiB (7.9 s) before it found the buffer too short; each broken field is named, in milliseconds
+    "load_state_broken_header": textwrap.dedent("""
+        import copy, struct
+        llm.eval(llm.tokenize(b'hello world, a state to break'))
+        st = llm.save_state()
+        d, head = st.llama_state, 4 + struct.unpack_from('<I', st.llama_state)[0]
+        def broken(data):
+            b = copy.copy(st)
+            b.llama_state, b.llama_state_size = data, len(data)
+            return b
+        cases = [(b'\\xff' * 64 + d[64:], 'architecture'),
+                 (d[:head] + struct.pack('<I', 7) + d[head + 4:], 'n_stream'),
+                 (d[:head + 4] + struct.pack('<I', 10**6) + d[head + 8:], 'cell_count'),
+                 (d + bytes(10**7), 'more than any state'),
+                 (d[:head + 2], 'header')]
+        for data, match in cases:
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            t0 = time.monotonic()
+            expect(ValueError, lambda: llm.load_state(broken(data)), match)
+            assert time.monotonic() - t0 < 2, (match, time.monotonic() - t0)
+            assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200 << 10, match  # KiB
+        # past the checks, llama.cpp's own reason, not "copied 0 bytes"; the session then holds no tokens
+        expect(LlamaError, lambda: llm.load_state(broken(d[:len(d) // 2])), 'error loading state')
+        assert llm.n_tokens == 0
+        expect(LlamaError, lambda: llm.load_state(broken(d + bytes(8))), '8 bytes past the end')
+        llm.load_state(st)
+        assert llm('hi', max_tokens=2)['usage']['completion_tokens'] <= 2
+    """),
+    # issue #72: an n_ctx whose KV cache cannot fit memory is refused before llama.cpp allocates (n_ctx=10**9 took
+    # 6.7 s and 4 GB to end in std::bad_alloc); 2**32 - 256 cells of this model are more than 1 TB
+    "n_ctx_past_memory": textwrap.dedent("""
+        from pyllama_moe.errors import ContextError
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.monotonic()
+        for exc in (ValueError, ContextError):
+            expect(exc, lambda: Llama(sys.argv[1], n_ctx=2**32 - 256, verbose=False), 'n_ctx=4294967040 needs')
+        assert time.monotonic() - t0 < 4, time.monotonic() - t0
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200 << 10  # KiB
+    """),
+    # issue #72: a prompt whose byte length shows it cannot fit (at least n_bytes / the longest piece tokens) is
+    # refused before it is tokenized (10 MB took 9.7 s)
+    "prompt_too_long_to_tokenize": textwrap.dedent("""
+        from pyllama_moe.errors import ContextLengthError
+        t0 = time.monotonic()
+        expect(ContextLengthError, lambda: llm('hello world ' * 900_000, max_tokens=2), 'at least')
+        assert time.monotonic() - t0 < 2, time.monotonic() - t0
+        expect(ContextLengthError, lambda: llm('word ' * 300, max_tokens=2), 'Requested tokens (3')  # tokenized
+        assert llm('word ' * 40, max_tokens=2)['usage']['completion_tokens'] <= 2
+    """),
+    # issue #72: a wrong type or value names the argument, what it got and what it takes (cffi's or Python's own
+    # message named nothing)
+    "arguments_named": textwrap.dedent("""
+        for exc, fn, match in [
+                (TypeError, lambda: llm.tokenize(bytearray(b'x')), 'text must be bytes (llama-cpp-python\\'s API), '
+                                                                    'got bytearray'),
+                (TypeError, lambda: llm.tokenize(None), 'text must be bytes'),
+                (ValueError, lambda: llm('hi', max_tokens='5'), "max_tokens must be an integer or None, got '5'"),
+                (ValueError, lambda: llm('hi', max_tokens=float('nan')), 'max_tokens must be an integer or None, '
+                                                                         'got nan'),
+                (ValueError, lambda: llm('hi', max_tokens=2, stop=123), 'stop must be a string or a list of strings, '
+                                                                        'got 123'),
+                (ValueError, lambda: llm('hi', max_tokens=2, logit_bias={1: 'x'}), "logit_bias[1] must be a finite "
+                                                                                   "number, got 'x'"),
+                (ValueError, lambda: Llama(sys.argv[1], numa='x', verbose=False), "numa must be True, False or"),
+                (ValueError, lambda: Llama(sys.argv[1], rpc_servers=5, verbose=False), 'rpc_servers must be a'),
+        ]:
+            expect(exc, fn, match)
+        assert llm('hi', max_tokens=2.0, stop=['x'], logit_bias={1: float('-inf')})['usage']['completion_tokens'] <= 2
+    """),
+    # issue #72: values llama-cpp-python accepts and llama.cpp ignores (or clamps) are kept, with one warning each
+    "ignored_values_warned": textwrap.dedent("""
+        import warnings
+        def warned(fn, match):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter('always')
+                fn()
+            got = [str(x.message) for x in w if issubclass(x.category, UserWarning)]
+            assert any(match in m for m in got), (match, got)
+            print('RAISED warning', [m for m in got if match in m][0][:150])
+        warned(lambda: Llama(sys.argv[1], n_ctx=64, verbose=False, override_tensor='no_such_tensor=CPU').close(),
+               "override_tensor: the pattern 'no_such_tensor' matches no tensor")
+        warned(lambda: Llama(sys.argv[1], n_ctx=64, verbose=False,
+                             kv_overrides={'qwen3moe.context_length': 'abc'}).close(),
+               "kv_overrides['qwen3moe.context_length']: 'abc' is of type str")
+        for kw in ({'top_p': 1.5}, {'min_p': -0.5}, {'typical_p': 2.0}, {'mirostat_mode': 2, 'mirostat_tau': -1.0}):
+            name = 'mirostat_tau' if 'mirostat_tau' in kw else next(iter(kw))
+            warned(lambda: llm('hi', max_tokens=2, **kw), f'{name}={kw[name]} is outside')
+        with warnings.catch_warnings(record=True) as w:  # once: a loop is not flooded
+            warnings.simplefilter('always')
+            llm('hi', max_tokens=2, top_p=1.5)
+        assert not w, [str(x.message) for x in w]
+    """),
     # calls from several threads are serialized: each gets its own whole result
     "four_threads": textwrap.dedent("""
         out = []
@@ -163,7 +256,7 @@ CASES = {
                 "fn": None, "n_threads": 1, "n_threads_batch": 1, "batch": llm._batch, "ctx": llm._ctx,
                 "logits": np.zeros(llm.n_vocab(), np.float32), "pos0": 0, "all_logits": False,
                 "last_logits": True, "pos": 0, "name": None, "n_layer": 1, "n_expert": 1,
-                "weights": np.zeros((1, 1), np.float32)}
+                "weights": np.zeros((1, 1), np.float32), "n_bytes": 10, "type_k": 1, "type_v": 1}
         KEEP = {"close", "closed", "ctx"}  # what works closed: close again, ask whether closed, the bare pointer
         llm.close()
         sampler.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -130,8 +131,6 @@ def test_a_model_that_routes_every_expert_runs(tmp_path: Path) -> None:
 
 def test_a_tensor_count_one_too_low_is_refused(tmp_path: Path) -> None:
     # the header's tensor count one too low: ggml read every tensor a few bytes off and the model ran, on garbage
-    import struct
-
     from pyllama_moe.errors import ModelLoadError
     from pyllama_moe.llama import Llama
 
@@ -312,3 +311,16 @@ def test_mtp_contexts_the_nextn_layer_cannot_build_are_refused(tmp_path: Path) -
     got = refused(bare, {}, mtp=True)
     assert got.startswith("REFUSED context") and "layer.nextn.eh_proj" in got, got
     assert refused(bare, {}).startswith("CREATED")
+
+
+def test_a_garbage_file_prints_nothing_without_verbose(tmp_path: Path) -> None:
+    # issue #72: ggml's "gguf_init_from_reader: failed to read key-value pairs" reached stderr through logging's last
+    # resort handler: the header's check read it before the load's verbosity(False) block; the exception still says it
+    path = tmp_path / "garbage.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 2**32) + b"\xff" * 64)
+    code = ("import sys\nfrom pyllama_moe import Llama\nfrom pyllama_moe.errors import ModelLoadError\n"
+            "try:\n    Llama(sys.argv[1], verbose=False)\nexcept ModelLoadError as e:\n    print('RAISED', e)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "RAISED" in res.stdout, f"exit {res.returncode}: {res.stderr[-2000:]}"
+    assert "failed to read key-value pairs" in res.stdout
+    assert res.stderr == "", res.stderr

@@ -275,6 +275,16 @@ def _exchange(sock: socket.socket, method: str, path: str, body: dict[str, Any] 
     return int(lines[0].split()[1]), json.loads(rest[:n])
 
 
+def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(server: Running) -> None:
+    # issue #72: 10 MB were tokenized whole (9.7 s) to be refused then; its length alone shows it cannot fit
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        status, body = _exchange(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": "hello world " * 900_000})
+    assert time.monotonic() - t0 < 5, time.monotonic() - t0
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert body["error"]["param"] == "prompt" and "you requested at least" in body["error"]["message"], body
+
+
 def test_errors_are_openais_and_keep_the_connection(server: Running) -> None:
     long_text = "word " * 1000  # more tokens than the 512 of the context
     with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
