@@ -28,18 +28,17 @@ from pyllama_moe.moe import MoeCacheStats, available_memory
 from pyllama_moe.params import ContextParams, check_threads
 
 
-def check_kv_memory(model: Model, params: ContextParams) -> None:
+def check_kv_memory(model: Model, params: ContextParams, kv_cell: int) -> None:
     """Refuse an ``n_ctx`` whose KV cache is larger than the memory there is (the host's available memory and the
     GPUs' free memory), before llama.cpp tries: ``n_ctx=10**9`` took seconds and gigabytes to end in
     ``std::bad_alloc``. The cache is ``n_ctx`` cells of ``Model.kv_bytes_per_cell`` (the compute buffers are not
-    counted); models where that is no lower bound are left to llama.cpp."""
-    meta = model.metadata()
+    counted; ``kv_cell``: the context's); models where that is no lower bound are left to llama.cpp."""
     if model.is_hybrid() or lib.llama_model_n_swa(model.ptr) > 0 or \
-            f"{model.arch()}.attention.kv_lora_rank" in meta:
+            f"{model.arch()}.attention.kv_lora_rank" in model.metadata():
         return  # only some layers' cells, a window's, or compressed rows: the estimate is no lower bound there
     p = params.ptr
     n_ctx = int(p.n_ctx) or model.n_ctx_train()
-    need = n_ctx * model.kv_bytes_per_cell(int(p.type_k), int(p.type_v))
+    need = n_ctx * kv_cell
     avail = available_memory()
     if avail is None or need <= avail:
         return
@@ -60,7 +59,7 @@ class Context:
         self._kv_cell = model.kv_bytes_per_cell(int(params.ptr.type_k), int(params.ptr.type_v))
         self._arch = model.arch().encode()
         self.verbose = verbose
-        check_kv_memory(model, params)
+        check_kv_memory(model, params, self._kv_cell)
         mark = native_mark()
         with backend.verbosity(verbose):
             ptr = lib.llama_init_from_model(model.ptr, params.ptr[0])

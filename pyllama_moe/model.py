@@ -198,9 +198,10 @@ class Model:
         meta, n_head = self.metadata(), int(lib.llama_model_n_head(self.ptr))
         n_head_kv = int(lib.llama_model_n_head_kv(self.ptr))
         default = self.n_embd() // n_head if n_head > 0 else 0
+        attention = f"{meta.get('general.architecture', '')}.attention."  # the metadata read once
 
         def head(key: str) -> int:
-            v = meta.get(f"{self.arch()}.attention.{key}", "")
+            v = meta.get(attention + key, "")
             return int(v) if v.isdigit() else default
 
         def row(t: int, n: int) -> int:  # ggml_row_size, which asserts (ends the process) on a partial block
