@@ -1,27 +1,34 @@
 """The MoE cache's device lookup replayed on recorded routing, with and without the prediction, beside the policies
-it could have: Belady's optimum and upstream's recency-frequency classes.
+it could have: Belady's optimum, upstream's recency-frequency classes and the victim rules of :mod:`.slotcache`.
 
 One CLOCK over the slots of every layer's experts, looked up token by token and layer by layer as a decode step
 looks it up, by the rules of ``GGML_OP_MOE_CACHE_LOOKUP`` (``ggml.h``): a lookup pins the slots of its experts for its
 epoch, and each miss takes the first slot from the hand that is neither pinned nor referenced, clearing the reference
-bits it passes. With the prediction (``LLAMA_MOE_CACHE_PREDICT=N``), after the lookup of layer l the experts that the
-next MoE layer's router selects on layer l's router input are prefetched, best first and at most N of those missing:
-in the epoch of that lookup, into slots that start unreferenced; the lookup of that layer then finds those it selects.
+bits it passes. With the prediction (``LLAMA_MOE_CACHE_PREDICT=N[:D]``), after the lookup of layer l the experts that
+the routers of the next D MoE layers select on layer l's router input (the stale gate, :func:`predicted_ahead`) are
+prefetched, nearest layer first, for each layer best first and at most N of those missing: in the epoch of that
+lookup, into slots that start unreferenced, and the slots of a prediction's hits and copies stay pinned until the
+lookup of the layer it was made for (``ggml_moe_cache_predict_ahead``), so that no lookup or farther prediction
+before then takes them; the lookup of that layer then finds those it selects. :func:`replay` runs it with any victim
+rule of :mod:`.slotcache` (:data:`VICTIMS`) and any way of protecting what was predicted; :func:`victims` tabulates
+settings of both against Belady's optimum; :func:`simulate` is today's device (CLOCK, the next layer only).
 
 Two other policies over the same lookups bound what a better policy could still buy:
 
 - Belady's optimum (:func:`belady`): each miss evicts the cached expert whose next use is the farthest away (it knows
-  the future; no policy that does not can hit more);
+  the future; no policy that copies only what a lookup misses can hit more);
 - the recency-frequency classes that upstream llama.cpp's cache moved to after our pin (:func:`class_lru`, modelled
   from its description): each expert keeps a use count decayed with a half-life of 128 tokens, kept across evictions;
   its class is the count's log2 (at most 7) as of its last use, and a miss evicts the expert with the largest age
-  (tokens since its last use) over 2^class.
+  (tokens since its last use) over 2^class. Under the op's rules (pins, the prediction) it is :data:`VICTIMS`'
+  ``"classes"``.
 
 And the hybrid decode's split (:func:`simulate_hybrid`): the CPU computes up to ``host_max`` of a lookup's misses,
 which take no slot, so they are never found again; which misses it takes decides how much the cache loses.
 
-Public API: :func:`simulate`, :class:`ClockStats`, :func:`belady`, :func:`class_lru`, :func:`policies`,
-:func:`simulate_hybrid`, :class:`HybridStats`.
+Public API: :func:`simulate`, :func:`replay`, :func:`victims`, :class:`Setting`, :data:`VICTIMS`, :class:`Clock`,
+:class:`ClockStats`, :func:`predicted_topk`, :func:`predicted_ahead`, :func:`belady`, :func:`class_lru`,
+:func:`policies`, :func:`simulate_hybrid`, :class:`HybridStats`.
 """
 
 from __future__ import annotations
@@ -35,100 +42,12 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-Key = tuple[int, int]  # (layer, expert)
+from pyllama_moe.tools.slotcache import CLASS_HALF_LIFE, N_CLASSES, VICTIMS, Clock, ClockStats, Key, make_cache
+
+__all__ = ["VICTIMS", "Clock", "ClockStats", "HybridStats", "Setting", "belady", "class_lru", "policies",
+           "predicted_ahead", "predicted_topk", "replay", "simulate", "simulate_hybrid", "victims"]
+
 Routing = Mapping[int, npt.NDArray[np.integer]]  # per MoE layer: the experts each token selects, [n_tokens, K]
-
-
-@dataclasses.dataclass
-class ClockStats:
-    """Distinct experts found (``hits``, prefetched ones included) and copied by the lookups (``misses``); experts
-    copied by prefetches (``predicted``), those a lookup then found (``used``) and those evicted unused (``wasted``)."""
-
-    n_tokens: int = 0
-    hits: int = 0
-    misses: int = 0
-    predicted: int = 0
-    used: int = 0
-    wasted: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / max(self.hits + self.misses, 1)
-
-    @property
-    def misses_predicted(self) -> float:
-        """The share of what the lookups would have copied that the prediction had copied before them."""
-        return self.used / max(self.used + self.misses, 1)
-
-
-class Clock:
-    """The slots of one cache group and their CLOCK state, as the op keeps them."""
-
-    def __init__(self, n_slots: int) -> None:
-        if n_slots <= 0:
-            raise ValueError(f"a cache needs a slot, not {n_slots}")
-        self.n_slots = n_slots
-        self.owner: list[Key | None] = [None] * n_slots
-        self.ref = [0] * n_slots
-        self.pin = [0] * n_slots
-        self.prefetched = [False] * n_slots
-        self.slot_of: dict[Key, int] = {}
-        self.hand = 0
-        self.epoch = 0
-        self.stats = ClockStats()
-
-    def _take(self) -> int | None:
-        """The first slot from the hand that is neither pinned nor referenced (None after two rounds)."""
-        for _ in range(2 * self.n_slots):
-            s = self.hand
-            self.hand = (s + 1) % self.n_slots
-            if self.pin[s] == self.epoch:
-                continue
-            if self.ref[s]:
-                self.ref[s] = 0
-                continue
-            return s
-        return None
-
-    def lookup(self, keys: list[Key], prefetch: bool = False, budget: int | None = None) -> None:
-        """The distinct ``keys`` of one layer, in ascending expert order (a prefetch: best first); a prefetch copies
-        those it finds room for, at most ``budget`` of its misses."""
-        st = self.stats
-        if not prefetch:
-            self.epoch += 1
-        misses = []
-        for k in keys:
-            s = self.slot_of.get(k)
-            if s is None:
-                misses.append(k)
-                continue
-            self.pin[s] = self.epoch
-            if prefetch:
-                continue
-            self.ref[s] = 1
-            st.hits += 1
-            if self.prefetched[s]:
-                self.prefetched[s] = False
-                st.used += 1
-        for k in misses[:budget]:
-            s = self._take()
-            if s is None:
-                if prefetch:
-                    return
-                raise ValueError("the experts of a lookup do not fit in the slots")
-            old = self.owner[s]
-            if old is not None:
-                del self.slot_of[old]
-            st.wasted += self.prefetched[s]
-            self.prefetched[s] = prefetch
-            self.owner[s] = k
-            self.slot_of[k] = s
-            self.ref[s] = 0 if prefetch else 1
-            self.pin[s] = self.epoch
-            if prefetch:
-                st.predicted += 1
-            else:
-                st.misses += 1
 
 
 def predicted_topk(topk: Routing, router_in: Mapping[int, npt.NDArray[np.float32]],
@@ -136,14 +55,25 @@ def predicted_topk(topk: Routing, router_in: Mapping[int, npt.NDArray[np.float32
     """Per recorded MoE layer b that has a router, with the MoE layer a recorded before it (dense layers between are
     skipped, as the device's prediction does): the top-K of b's router (``[n_expert, n_embd]``) applied to a's router
     input (``[n_tokens, n_embd]``), best first (ties: the lower expert), for every token (``[n_tokens, K]``)."""
-    out: dict[int, npt.NDArray[np.integer]] = {}
+    return predicted_ahead(topk, router_in, routers, 1)[1]
+
+
+def predicted_ahead(topk: Routing, router_in: Mapping[int, npt.NDArray[np.float32]],
+                    routers: Mapping[int, npt.NDArray[np.float32]], depth: int
+                    ) -> dict[int, dict[int, npt.NDArray[np.integer]]]:
+    """Per distance ``d`` in 1..``depth``, per recorded MoE layer b that is the ``d``-th after a recorded MoE layer a:
+    the top-K of b's router on a's router input (the stale gate), as :func:`predicted_topk` gives it for ``d`` 1."""
+    if depth < 1:
+        raise ValueError(f"depth must be at least 1, not {depth}")
     layers = sorted(topk)
-    for a, b in zip(layers, layers[1:], strict=False):
-        if a not in router_in or b not in routers:
-            continue
-        k = topk[b].shape[1]
-        logits = router_in[a] @ routers[b].T  # [n_tokens, n_expert]
-        out[b] = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    out: dict[int, dict[int, npt.NDArray[np.integer]]] = {}
+    for d in range(1, depth + 1):
+        out[d] = {}
+        for a, b in zip(layers, layers[d:], strict=False):
+            if a not in router_in or b not in routers:
+                continue
+            logits = router_in[a] @ routers[b].T  # [n_tokens, n_expert]
+            out[d][b] = np.argsort(-logits, axis=1, kind="stable")[:, :topk[b].shape[1]]
     return out
 
 
@@ -152,20 +82,39 @@ def simulate(topk: Routing, n_expert: int, fraction: float, predicted: Routing |
     """The device lookup of a cache holding ``fraction`` of all the layers' experts over the routing ``topk``,
     decoded one token at a time; with ``predicted`` (:func:`predicted_topk`), each lookup of layer l is followed by
     the prefetch of ``predicted[next]`` for the next recorded layer, at most ``budget`` of its misses."""
+    return replay(topk, n_expert, fraction, {1: predicted} if predicted else None, budget=budget)
+
+
+def replay(topk: Routing, n_expert: int, fraction: float, ahead: Mapping[int, Routing] | None = None,
+           depth: int = 1, budget: int | None = None, victim: str = "clock", protect: str = "pin") -> ClockStats:
+    """The device lookup of a cache of ``fraction`` of all the layers' experts whose victim rule is ``victim``
+    (:data:`VICTIMS`), decoded one token at a time. With ``ahead`` (:func:`predicted_ahead`), each lookup of layer l
+    is followed by the predictions of the next ``depth`` recorded layers of the token, nearest first, each copying at
+    most ``budget`` of its misses and pinning its slots until the lookup of its layer (``protect``: how). As the
+    context does (``llama-moe-cache.cpp``), the depth is cut to fit the slots: each lookup meets the pins of the
+    depth*(depth - 1)/2 predictions made before it for the layers after it and needs room for its own experts."""
     layers = sorted(topk)
     if not layers:
         return ClockStats()
-    clock = Clock(_capacity(topk, n_expert, fraction))
+    cache = make_cache(victim, _capacity(topk, n_expert, fraction), protect, len(layers))
+    n_sel = max(topk[il].shape[1] for il in layers)
+    while depth > 1 and (depth * (depth - 1) // 2 + 1) * n_sel > cache.n_slots:
+        depth -= 1
     n_tokens = len(topk[layers[0]])
     for t in range(n_tokens):
         for i, il in enumerate(layers):
-            clock.lookup([(il, e) for e in sorted(set(topk[il][t].tolist()))])
-            nl = layers[i + 1] if i + 1 < len(layers) else -1
-            nxt = predicted.get(nl) if predicted else None
-            if nxt is not None:
-                clock.lookup([(nl, e) for e in dict.fromkeys(nxt[t].tolist())], prefetch=True, budget=budget)
-    clock.stats.n_tokens = n_tokens
-    return clock.stats
+            cache.lookup([(il, e) for e in sorted(set(topk[il][t].tolist()))])
+            for d in range(1, depth + 1) if ahead else ():
+                if i + d >= len(layers):
+                    break
+                nl = layers[i + d]
+                nxt = ahead.get(d, {}).get(nl) if ahead else None
+                if nxt is None:
+                    break
+                cache.lookup([(nl, e) for e in dict.fromkeys(nxt[t].tolist())], prefetch=True, budget=budget,
+                             ahead=d - 1)
+    cache.stats.n_tokens = n_tokens
+    return cache.stats
 
 
 @dataclasses.dataclass
@@ -283,10 +232,6 @@ def belady(topk: Routing, n_expert: int, fraction: float) -> float:
     return hits / len(seq) if seq else 0.0
 
 
-CLASS_HALF_LIFE = 128.0  # tokens
-N_CLASSES = 8
-
-
 def class_lru(topk: Routing, n_expert: int, fraction: float, half_life: float = CLASS_HALF_LIFE,
               n_classes: int = N_CLASSES) -> float:
     """The hit rate of the recency-frequency classes (module docstring): one LRU list per class; a miss evicts, of
@@ -336,3 +281,45 @@ def policies(topk: Routing, n_expert: int, fractions: Sequence[float]) -> dict[s
     return {f"{int(f * 100)}%": {"clock": simulate(topk, n_expert, f).hit_rate,
                                  "class_lru": class_lru(topk, n_expert, f), "belady": belady(topk, n_expert, f)}
             for f in fractions}
+
+
+# ---------------------------------------------------------------- victim rules with the prediction ahead
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One replay of :func:`victims`: a victim rule (:data:`VICTIMS`), the prediction's depth (0: off), its copies per
+    predicted layer and how it protects what it predicted (:data:`pyllama_moe.tools.slotcache.PROTECTS`)."""
+
+    victim: str = "clock"
+    depth: int = 0
+    budget: int | None = 2
+    protect: str = "pin"
+
+    @property
+    def name(self) -> str:
+        if not self.depth:
+            return self.victim
+        n = "all" if self.budget is None else self.budget
+        return f"{self.victim} D={self.depth} N={n}" + ("" if self.protect == "pin" else f" {self.protect}")
+
+
+def victims(topk: Routing, n_expert: int, fractions: Sequence[float], settings: Sequence[Setting],
+            ahead: Mapping[int, Routing] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """Per cache size (``"25%"``), per setting (:attr:`Setting.name`): the hit rate, the experts copied per token
+    (the lookups' and the prediction's), those the prediction copied for nothing and the victim search's steps per
+    miss or copy; ``"belady"``, Belady's optimum without a prediction (what no cache that copies only what a lookup
+    misses can beat; a prediction copies more, so its hit rate may)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for f in fractions:
+        row: dict[str, dict[str, float]] = {"belady": {"hit_rate": belady(topk, n_expert, f)}}
+        for s in settings:
+            if s.depth and not ahead:
+                raise ValueError(f"{s.name}: a prediction needs the predicted experts (ahead)")
+            st = replay(topk, n_expert, f, ahead if s.depth else None, max(s.depth, 1), s.budget, s.victim,
+                        s.protect)
+            copies, wasted = st.per_token()
+            row[s.name] = {"hit_rate": st.hit_rate, "copies": copies, "wasted": wasted,
+                           "steps": st.steps / max(st.misses + st.predicted, 1)}
+        out[f"{int(f * 100)}%"] = row
+    return out

@@ -21,14 +21,17 @@ The experts each layer selects for every token are recorded through llama.cpp's 
   per token, in all and for nothing;
 - the headroom of a better policy: at the same sizes, the hit rates of LRU, the device lookup's CLOCK, the
   recency-frequency classes upstream moved to after our pin and Belady's optimum, which knows the future;
+- with ``--victims``: the victim rules the device lookup could have (CLOCK, a use counter, upstream's classes, LRU)
+  replayed without the prediction and with it one to three layers ahead (:func:`victim_table`), beside Belady's
+  optimum: hit rates, and the experts copied and copied for nothing per token;
 - with ``--compare``: the figures trained MoE models measure (:mod:`.routing_refs`, with their sources) beside this
   model's, for the family its regime stands for (a synthetic model's) or for every family.
 
 The recording is :mod:`.capture`'s, the default text :mod:`.text`'s.
 
 Public API: :func:`report`, :func:`format_report`, :func:`policies`, :func:`cache_hit_rates`,
-:func:`prediction_recall`, :func:`recall_by_distance`; :func:`record`, :class:`Recording` and :func:`stdlib_text`
-from the modules they live in.
+:func:`prediction_recall`, :func:`recall_by_distance`, :func:`victim_table`, :func:`format_victims`; :func:`record`,
+:class:`Recording` and :func:`stdlib_text` from the modules they live in.
 """
 
 from __future__ import annotations
@@ -50,13 +53,20 @@ from pyllama_moe.tools.capture import Recording, record
 from pyllama_moe.tools.text import stdlib_text
 
 __all__ = ["CACHE_FRACTIONS", "RECALL_DISTANCES", "Recording", "cache_hit_rates", "format_report", "policies",
-           "prediction_recall", "recall_by_distance", "record", "report", "stdlib_text"]
+           "prediction_recall", "recall_by_distance", "record", "report", "stdlib_text", "victim_table",
+           "format_victims"]
 
 CACHE_FRACTIONS = (0.10, 0.25, 0.50, 0.80)
 # the prediction replayed as the device makes it with LLAMA_MOE_CACHE_PREDICT=2: at most 2 copies per layer and token
 PREDICT_BUDGET = 2
 # the distances (in layers) the report gives the stale gate's recall for: layer l+d's router on layer l's input
 RECALL_DISTANCES = (1, 2, 3, 4, 6)
+# --victims: the device lookup's victim rules replayed without the prediction (depth 0) and with it 1..3 layers ahead
+# (PREDICT_BUDGET copies per layer), and those of VICTIM_SOFT also with the softer protection of what was predicted
+# (docs/routing.md, "Victim rules and the prediction ahead")
+VICTIM_RULES = ("clock", "freq2", "classes", "lru")
+VICTIM_SOFT = ("clock", "classes")
+VICTIM_DEPTHS = (0, 1, 2, 3)
 
 
 # ---------------------------------------------------------------- statistics (numpy only)
@@ -194,6 +204,35 @@ def policies(rec: Recording, fractions: Sequence[float] = CACHE_FRACTIONS) -> di
     return {k: {"lru": lru_hit_rate(rec, f), **others[k]} for f, k in zip(fractions, others, strict=True)}
 
 
+def victim_table(rec: Recording, routers: dict[int, npt.NDArray[np.float32]],
+                 fractions: Sequence[float] = CACHE_FRACTIONS) -> dict[str, dict[str, dict[str, float]]]:
+    """Per cache size, per setting of :data:`VICTIM_RULES` by :data:`VICTIM_DEPTHS` (and :data:`VICTIM_SOFT` with the
+    ``pin+ref`` protection): the hit rate, the experts copied and copied for nothing per token
+    (:func:`.cachesim.victims`), beside Belady's optimum."""
+    from pyllama_moe.tools import cachesim
+
+    ahead = cachesim.predicted_ahead(rec.topk, rec.router_in, routers, max(VICTIM_DEPTHS))
+    settings = [cachesim.Setting(v, d, PREDICT_BUDGET) for d in VICTIM_DEPTHS for v in VICTIM_RULES]
+    settings += [cachesim.Setting(v, d, PREDICT_BUDGET, "pin+ref") for v in VICTIM_SOFT for d in VICTIM_DEPTHS if d]
+    return cachesim.victims(rec.topk, rec.n_expert, fractions, settings, ahead)
+
+
+def format_victims(table: dict[str, dict[str, dict[str, float]]]) -> str:
+    """:func:`victim_table` as a table: a row per setting, a column per cache size (hit rate / copies / wasted)."""
+    sizes = list(table)
+    names = list(next(iter(table.values()))) if table else []
+    lines = ["| victim rule, prediction | " + " | ".join(f"{k}: hit rate / copies / wasted a token" for k in sizes)
+             + " |", "|---" * (len(sizes) + 1) + "|"]
+    for name in names:
+        cells = []
+        for k in sizes:
+            v = table[k][name]
+            extra = f" / {v['copies']:.1f} / {v['wasted']:.1f}" if "copies" in v else ""
+            cells.append(f"{v['hit_rate']:.1%}{extra}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(rec: Recording, routers: dict[int, npt.NDArray[np.float32]] | None = None) -> dict[str, Any]:
     """The statistics of the module docstring, per layer and overall (means over the layers)."""
     per_layer = {}
@@ -306,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the report as JSON too")
     ap.add_argument("--cache", action="store_true",
                     help="also decode the tokens through the MoE cache of each size (GPU): its own hit rates")
+    ap.add_argument("--victims", action="store_true",
+                    help="also replay the device lookup's victim rules with the prediction 0-3 layers ahead (slow: "
+                         "minutes per thousand tokens)")
     ap.add_argument("--compare", action="store_true",
                     help="print what trained MoE models measure beside this model's figures (the family of its "
                          "calibrated regime, or every family)")
@@ -321,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cache:
         rep["cache"] = cache_hit_rates(args.model, tokens)
     print(format_report(rep))
+    if args.victims:
+        rep["victims"] = victim_table(rec, router_weights(args.model))
+        print()
+        print(format_victims(rep["victims"]))
     if args.compare:
         from pyllama_moe.gguf_info import GGUFInfo
         from pyllama_moe.tools import routing_refs

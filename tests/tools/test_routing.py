@@ -240,3 +240,25 @@ def test_realistic_synthetic_routing_is_local_where_uniform_is_not(tmp_path: Pat
     assert 0.6 < r["overall"]["recall_k"] < 0.99
     layers = r["layers"]
     assert layers[3]["cover90"] < layers[0]["cover90"]
+
+
+def test_victim_table_replays_each_rule_at_each_depth() -> None:
+    # every layer selects what layer 0 does, and its router input is that selection one-hot: the identity routers
+    # predict every layer exactly from any layer before it, at any distance
+    rng = np.random.default_rng(3)
+    sel = np.stack([rng.choice(16, 2, replace=False) for _ in range(80)]).astype(np.int32)
+    x = np.zeros((80, 16), dtype=np.float32)
+    x[np.arange(80)[:, None], sel] = 1.0
+    rec = routing.Recording(16, {il: sel for il in range(5)}, {il: x for il in range(5)})
+    routers = {il: np.eye(16, dtype=np.float32) for il in range(5)}
+    table = routing.victim_table(rec, routers, (0.25,))
+    rows = table["25%"]
+    names = [f"{v} D={d} N=2" if d else v for d in routing.VICTIM_DEPTHS for v in routing.VICTIM_RULES]
+    soft = [f"{v} D={d} N=2 pin+ref" for v in routing.VICTIM_SOFT for d in (1, 2, 3)]
+    assert list(rows) == ["belady", *names, *soft] and "classes D=3 N=2 pin+ref" in soft
+    for v in routing.VICTIM_RULES:  # a right prediction: more hits than without it, nothing copied for nothing
+        off, on = rows[v], rows[f"{v} D=1 N=2"]
+        assert on["hit_rate"] > off["hit_rate"] and on["wasted"] == 0.0
+        assert off["hit_rate"] <= rows["belady"]["hit_rate"]
+    text = routing.format_victims(table)
+    assert "| classes D=2 N=2 | " in text and text.count("\n") == len(rows) + 1
