@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from pyllama_moe import backend, moe, rpc
+from pyllama_moe import backend, moe, rpc, ubatch
 from pyllama_moe.batch import Batch
 from pyllama_moe.cache import longest_token_prefix
 from pyllama_moe.completion import Completion, make_request
@@ -92,8 +92,8 @@ class Llama:
         # context
         seed: int = lib.LLAMA_DEFAULT_SEED,
         n_ctx: int = 512,
-        n_batch: int = 512,
-        n_ubatch: int = 512,
+        n_batch: int = ubatch.UNSET,
+        n_ubatch: int = ubatch.UNSET,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         rope_scaling_type: int | None = lib.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
@@ -149,7 +149,11 @@ class Llama:
         **kwargs: Any,
     ) -> None:
         """Load ``model_path`` and create its context; llama-cpp-python 0.3.36's keywords and meanings,
-        except that the YaRN factors default to the model's values (None) rather than fixed numbers.
+        except that the YaRN factors default to the model's values (None) rather than fixed numbers, and that
+        ``n_ubatch`` left at its default is chosen larger where the experts come from host memory: the largest of
+        2048 and its halves, at most ``n_batch`` if given and the context, whose compute buffer fits the device
+        memory left (an auto-sized MoE cache gives up to a quarter of itself to it); ``n_batch``, if not given,
+        follows it. ``placement["n_ubatch_reason"]`` says why. An ``n_ubatch`` given is honoured.
 
         MoE and placement keywords (llama.cpp's options of the same meaning):
             moe_cache_mib: device cache in MiB for the experts kept in host memory (0 off; ``"auto"``:
@@ -237,12 +241,12 @@ class Llama:
         devices = rpc.model_devices(rpc_servers)
         if devices is not None:
             self.model_params.set_devices(devices)
-        # checked before they are combined, so that a wrong type is named
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
-            check_int(name, value, 0 if name == "n_ctx" else 1, 2**32 - 1)
+        # checked before they are combined, so that a wrong type is named; llama-cpp-python's batch sizes until the
+        # placement chooses (moe.place: a larger ubatch where the experts come from host memory and none was given)
+        batches = ubatch.Batches.asked(n_batch, n_ubatch)
+        n_batch, n_ubatch = batches.defaults(check_int("n_ctx", n_ctx, 0, 2**32 - 1))
         self.context_params = ContextParams(
-            n_ctx=n_ctx, n_batch=min(n_ctx, n_batch) if n_ctx else n_batch,
-            n_ubatch=min(n_ctx or n_batch, n_batch, n_ubatch), n_threads=n_threads, n_threads_batch=n_threads_batch,
+            n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads, n_threads_batch=n_threads_batch,
             rope_scaling_type=rope_scaling_type, pooling_type=pooling_type, attention_type=attention_type,
             rope_freq_base=rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_ext_factor=yarn_ext_factor,
             yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast, yarn_beta_slow=yarn_beta_slow,
@@ -253,7 +257,7 @@ class Llama:
         )
         self._placed = moe.place(self.model_path, self.model_params, self.context_params,
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
-                                 verbose=verbose)
+                                 verbose=verbose, batches=batches)
         self._load(seed)
         moe.warn_unmatched(override_tensor, self._model.tensor_names)
         self._warm: WarmStart | None = None
@@ -332,6 +336,12 @@ class Llama:
             "moe_cache_mib": self._placed.cache_bytes // moe.MIB,
             "load_mode": load_mode_name(self._placed.load_mode),
             "n_ctx": int(cp.n_ctx),
+            # as loaded (n_ctx=0 cuts them to the model's context); chosen: not given, and larger than
+            # llama-cpp-python's 512 for experts in host memory; the reason says why, and what gave way
+            "n_batch": int(cp.n_batch),
+            "n_ubatch": int(cp.n_ubatch),
+            "n_ubatch_chosen": self._placed.batch.chosen,
+            "n_ubatch_reason": self._placed.batch.reason,
         }
 
     def _own(self, handle: Any) -> Any:

@@ -1,4 +1,5 @@
-"""MoE placement and cache knobs: ``cpu_moe``, ``n_cpu_moe``, ``override_tensor``, ``moe_cache_mib``, ``fit``.
+"""MoE placement and cache knobs: ``cpu_moe``, ``n_cpu_moe``, ``override_tensor``, ``moe_cache_mib``, ``fit``, and
+the ubatch chosen for that placement where the caller gave none (``ubatch.choose``'s facts and memory, measured here).
 
 The placement knobs become ``tensor_buft_overrides`` exactly as llama.cpp's common arguments
 build them (common/common.h, common/arg.cpp): ``--cpu-moe`` is one override
@@ -14,11 +15,11 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyllama_moe import backend
+from pyllama_moe import backend, ubatch
 from pyllama_moe.errors import check_fit_status, native_mark
 from pyllama_moe.ffi import ffi, lib
 from pyllama_moe.gguf_info import FFN_EXPS_REGEX, GGUFInfo, split_files
@@ -192,10 +193,11 @@ def fit(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mi
     return ok
 
 
-def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
-                    fit_target_mib: int | list[int] | None) -> int:
-    """``moe_cache_mib="auto"``: what the GPUs have left after the model, context and compute
-    buffers of this placement (measured without allocating), less the fit margin."""
+def device_room(path: bytes, mparams: ModelParams, cparams: ContextParams,
+                fit_target_mib: int | list[int] | None) -> tuple[list[int], list[float]]:
+    """Per GPU: the bytes left after the model, context (the MoE cache of the parameters' size included) and compute
+    buffers of these parameters, less the fit margin (negative: short of it), measured without allocating; and its
+    share of a MoE cache as llama.cpp splits one."""
     n = lib.llama_max_devices()
     out = ffi.new("int64_t[]", 5 * n)
     mark = native_mark()
@@ -208,10 +210,19 @@ def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
     left, share = [], []
     for d in range(count - 1):  # the GPUs; the last entry is host memory
         _total, free, model, context, compute = (int(out[5 * d + k]) for k in range(5))
-        left.append(max(0, free - int(margins[d]) - model - context - compute))
+        left.append(free - int(margins[d]) - model - context - compute)
         # llama.cpp splits the cache among the devices with host experts of their layers, by the tensor split, else
         # by the memory free when the cache is made (after the model and the KV cache); here: the devices with layers
         share.append(0.0 if model == 0 else split[d] if any(split) else float(max(1, free - model - context)))
+    return left, share
+
+
+def auto_cache_size(path: bytes, mparams: ModelParams, cparams: ContextParams,
+                    fit_target_mib: int | list[int] | None) -> int:
+    """``moe_cache_mib="auto"``: what the GPUs have left after the model, context and compute
+    buffers of this placement (measured without allocating), less the fit margin."""
+    left, share = device_room(path, mparams, cparams, fit_target_mib)
+    left = [max(0, x) for x in left]
     size = cache_total(left, share)
     logger.info("moe_cache_mib=auto: %d MiB (left on the devices: %s MiB)", size // MIB,
                 ", ".join(str(x // MIB) for x in left))
@@ -280,18 +291,87 @@ def fit_with_cache(path: bytes, mparams: ModelParams, cparams: ContextParams, fi
     return size
 
 
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def host_experts(info: GGUFInfo, mparams: ModelParams) -> int:
+    """The model's expert tensors this placement keeps in host memory: the first override whose pattern matches a
+    tensor places it (src/llama-model-loader.cpp; a host buffer type: ``CPU``, ``CUDA_Host``...), else its layer
+    does (the last ``n_gpu_layers`` layers are on the GPU, src/llama-model.cpp)."""
+    exps = re.compile(FFN_EXPS_REGEX)
+    overrides = [(re.compile(p), bool(lib.ggml_backend_buft_is_host(b))) for p, b in mparams.overrides()]
+    ngl = int(mparams.ptr.n_gpu_layers)
+    first_gpu = 0 if ngl < 0 else max((info.block_count or 0) + 1 - ngl, 0)
+    n = 0
+    for name in filter(exps.search, info.tensor_names):
+        host = next((h for rx, h in overrides if rx.search(name)), None)
+        if host is None:
+            m = _LAYER.match(name)
+            host = m is not None and int(m.group(1)) < first_gpu
+        n += host
+    return n
+
+
+def ubatch_room(path: bytes, mparams: ModelParams, cparams: ContextParams, fit_target_mib: int | list[int] | None,
+                cache_auto: bool) -> Callable[[int], ubatch.Room]:
+    """``ubatch.choose``'s memory: whether the compute buffer of a ubatch of ``n`` fits beside this placement, measured
+    by llama.cpp without allocating (the compute buffer grows with the ubatch, and without flash attention with the
+    context too); an auto-sized cache is measured out and sized in what is left, as ``auto_cache_size`` does."""
+    def room(n: int) -> ubatch.Room:
+        p = cparams.ptr
+        saved = int(p.n_batch), int(p.n_ubatch), int(p.moe_cache_size)
+        cparams.set_batch(max(saved[0], n), n)
+        if cache_auto:
+            cparams.set_moe_cache_size(0)
+        try:
+            left, share = device_room(path, mparams, cparams, fit_target_mib)
+        finally:
+            cparams.set_batch(saved[0], saved[1])
+            cparams.set_moe_cache_size(saved[2])
+        size = cache_total([max(0, x) for x in left], share) if cache_auto else 0
+        logger.info("n_ubatch %d: %s MiB left on the devices", n, ", ".join(str(x // MIB) for x in left))
+        return ubatch.Room(fits=all(x >= 0 for x in left), cache_bytes=size)
+    return room
+
+
+def choose_ubatch(path: bytes, mparams: ModelParams, cparams: ContextParams, batches: ubatch.Batches, *,
+                  cache_auto: bool, fit_target_mib: int | list[int] | None) -> ubatch.Choice:
+    """The batch sizes of this placement (``ubatch.choose``), written into the parameters with the size of an auto
+    cache that gave way."""
+    gpu = backend.gpu_available() and mparams.ptr.n_gpu_layers != 0
+    n_host = host_bytes = 0
+    if gpu and batches.n_ubatch is None:
+        info = GGUFInfo.read(path)
+        n_host = host_experts(info, mparams)
+        n_exps = sum(1 for t in info.tensor_names if re.search(FFN_EXPS_REGEX, t))
+        host_bytes = info.expert_bytes * n_host // max(n_exps, 1)
+    facts = ubatch.Facts(gpu=gpu, host_experts=n_host, n_ctx=int(cparams.ptr.n_ctx),
+                         cache_bytes=int(cparams.ptr.moe_cache_size), cache_auto=cache_auto,
+                         host_expert_bytes=host_bytes)
+    choice = ubatch.choose(batches, facts, ubatch_room(path, mparams, cparams, fit_target_mib, cache_auto))
+    cparams.set_batch(choice.n_batch, choice.n_ubatch)
+    if choice.cache_bytes is not None:
+        cparams.set_moe_cache_size(choice.cache_bytes)
+    if choice.chosen:
+        logger.info("n_batch=%d, n_ubatch=%d: %s", choice.n_batch, choice.n_ubatch, choice.reason)
+    return choice
+
+
 @dataclass(frozen=True)
 class Placement:
-    """Where ``place`` put the weights: the MoE cache's bytes and the load mode (the rest is in the parameters)."""
+    """Where ``place`` put the weights: the MoE cache's bytes, the load mode and the batch sizes with the reason for
+    them (the rest is in the parameters)."""
 
     cache_bytes: int
     load_mode: int
+    batch: ubatch.Choice
 
 
 def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_mib: int | str, fit_memory: bool,
-          fit_target_mib: int | list[int] | None, verbose: bool) -> Placement:
+          fit_target_mib: int | list[int] | None, verbose: bool, batches: ubatch.Batches) -> Placement:
     """The placement keywords' one way into the parameters: the cache size (``moe_cache_mib``: MiB or ``"auto"``),
     then the fit (``fit=True``: upstream's, or with ``"auto"`` the fit that chooses between layers and cache), then
+    the batch sizes (``batches``: as given, or chosen for this placement; an auto cache may give way to them), then
     the load mode the cache wants; a warning where ``moe_hybrid`` asks for a share of a cache that is not there.
     Writes the parameters through their setters only."""
     if not isinstance(fit_memory, bool):
@@ -312,6 +392,8 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
                 fit(bpath, mparams, cparams, fit_target_mib, verbose)
         elif cache == "auto":
             cparams.set_moe_cache_size(auto_cache_size(bpath, mparams, cparams, fit_target_mib))
+        batch = choose_ubatch(bpath, mparams, cparams, batches, cache_auto=cache == "auto",
+                              fit_target_mib=fit_target_mib)
     cache_bytes = int(cparams.ptr.moe_cache_size)
     if cache_bytes == 0 and cparams.hybrid_asked():  # the library accepts it and does nothing, as for the prediction
         logger.warning("moe_hybrid ignored: the CPU's share of the decode is a share of the MoE cache's misses, and "
@@ -319,7 +401,7 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
     if cache_bytes and cache_on_cpu():  # the cache reads the experts from plain host buffers, not repacked ones
         mparams.set_extra_bufts(False)
     cache_load_mode(path, mparams, cache_bytes)
-    return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode))
+    return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode), batch=batch)
 
 
 # the lookup paths of the counts, as the C fields name them

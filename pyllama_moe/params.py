@@ -249,12 +249,16 @@ class ModelParams:
         self._keep.append(arr)
         self.ptr.tensor_buft_overrides = arr
 
-    def override_patterns(self) -> list[str]:
-        """The tensor name patterns of the overrides in effect (the fit may have replaced those set here)."""
-        p, out = self.ptr.tensor_buft_overrides, list[str]()
+    def overrides(self) -> list[tuple[str, Any]]:
+        """The overrides in effect, pattern and buffer type (the fit may have replaced those set here)."""
+        p, out = self.ptr.tensor_buft_overrides, list[tuple[str, Any]]()
         while p != ffi.NULL and p[len(out)].pattern != ffi.NULL:
-            out.append(ffi.string(p[len(out)].pattern).decode())
+            out.append((ffi.string(p[len(out)].pattern).decode(), p[len(out)].buft))
         return out
+
+    def override_patterns(self) -> list[str]:
+        """The tensor name patterns of the overrides in effect."""
+        return [pattern for pattern, _ in self.overrides()]
 
     def _set_kv_overrides(self, kv: Mapping[str, bool | int | float | str]) -> None:
         if not isinstance(kv, Mapping):
@@ -452,6 +456,13 @@ class ContextParams:
 
     def set_n_ctx(self, n_ctx: int) -> None:
         self.ptr.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
+
+    def set_batch(self, n_batch: int, n_ubatch: int) -> None:
+        """The batch sizes (``ubatch.choose``'s, or a measurement's trial): the ubatch at most the batch."""
+        check_int("n_batch", n_batch, 1, 2**32 - 1)
+        if not 1 <= check_int("n_ubatch", n_ubatch) <= n_batch:
+            raise ValueError(f"n_ubatch must be in 1..n_batch ({n_batch}), got {n_ubatch}")
+        self.ptr.n_batch, self.ptr.n_ubatch = n_batch, n_ubatch
 
     def use_model_n_ctx(self, n_ctx_train: int) -> None:
         """``n_ctx=0``: the model's training context, the batch sizes cut to it."""

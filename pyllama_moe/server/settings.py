@@ -30,8 +30,11 @@ class ModelSettings(BaseSettings):
     # context
     seed: int = 0xFFFFFFFF
     n_ctx: int = 2048
-    n_batch: int = 512
-    n_ubatch: int = 512
+    # not given: Llama's defaults, llama-cpp-python's 512 unless the experts come from host memory (docs/compat.md)
+    n_batch: int | None = Field(default=None, ge=1, description="tokens per llama_decode call (default 512, or the "
+                                "chosen ubatch where the experts are in host memory)")
+    n_ubatch: int | None = Field(default=None, ge=1, description="tokens per ubatch (default 512; where the experts "
+                                 "are in host memory, chosen up to 2048 to fit the GPU's memory)")
     n_threads: int | None = None
     n_threads_batch: int | None = None
     rope_freq_base: float = 0.0
@@ -100,6 +103,9 @@ class ModelSettings(BaseSettings):
 
     def llama_kwargs(self) -> dict[str, Any]:
         kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides", "n_parallel", "max_queue"})
+        for name in ("n_batch", "n_ubatch"):  # not given: Llama chooses (a given one is honoured)
+            if kw[name] is None:
+                del kw[name]
         if self.n_parallel > 1:
             kw["n_seq_max"] = self.n_parallel
         if self.kv_overrides:

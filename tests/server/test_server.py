@@ -172,6 +172,35 @@ def test_command_line(tmp_path: Path, tiny: Path) -> None:
         parse_args([])
 
 
+def test_batch_sizes_follow_llamas_rule() -> None:
+    # not given: left out of Llama's keywords, so that Llama chooses the ubatch for the placement (#68); given: passed
+    kw = ModelSettings(model="m.gguf").llama_kwargs()
+    assert "n_batch" not in kw and "n_ubatch" not in kw
+    _, models = parse_args(["--model", "m.gguf", "--n_ubatch", "512"])
+    kw = models[0].llama_kwargs()
+    assert kw["n_ubatch"] == 512 and "n_batch" not in kw
+    _, models = parse_args(["--model", "m.gguf", "--n_batch", "4096", "--n_ubatch", "1024"])
+    assert (models[0].llama_kwargs()["n_batch"], models[0].llama_kwargs()["n_ubatch"]) == (4096, 1024)
+    for bad in ({"n_ubatch": 0}, {"n_batch": -1}):
+        with pytest.raises(ValueError):
+            ModelSettings(model="m.gguf", **bad)
+
+
+def test_the_servers_llama_chooses_the_ubatch(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
+    # the defaults reach Llama as its own: with the experts in host memory on a GPU (faked) it chooses, and a
+    # given --n_ubatch is kept
+    from pyllama_moe import moe
+    from pyllama_moe.llama import Llama
+
+    monkeypatch.setattr(moe.backend, "gpu_available", lambda: True)
+    monkeypatch.setattr(moe, "device_room", lambda *_: ([1 << 30], [1.0]))
+    settings = {"n_ctx": 4096, "n_gpu_layers": -1, "cpu_moe": True, "verbose": False}
+    for given, want in (({}, 2048), ({"n_ubatch": 512}, 512)):
+        llm = Llama(str(tiny), **ModelSettings(model=str(tiny), **settings, **given).llama_kwargs())
+        with llm:
+            assert (llm.placement["n_ubatch"], llm.placement["n_ubatch_chosen"]) == (want, not given)
+
+
 def test_a_model_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")
