@@ -558,3 +558,175 @@ def test_cache_setups_run_where_the_cpu_stands_for_the_device(tiny: Path, tmp_pa
         assert looked_up["hits"] + looked_up["misses"] > 0, r
         assert r["cache"]["placement"]["moe_cache_mib"] > 0
     assert "CPU experts/token" in text  # the hybrid's columns
+
+
+# ---------------------------------------------------------------- --ttft: long prompts beside their PCIe bound
+
+
+def test_pcie_bound_is_every_ubatchs_uploads() -> None:
+    # by hand: 16 GB of experts a ubatch at 55 GB/s is 0.2909 s; a prompt's last ubatch uploads them all too
+    assert bench.pcie_bound_s(65536, 512, 16_000_000_000, 55.0) == pytest.approx(128 * 16 / 55)  # 37.236 s
+    assert bench.pcie_bound_s(2048, 4096, 16_000_000_000, 55.0) == pytest.approx(16 / 55)  # one ubatch, part full
+    assert bench.pcie_bound_s(8192, 3000, 1_000_000_000, 50.0) == pytest.approx(3 / 50)  # 3000 + 3000 + 2192
+    assert bench.pcie_bound_s(8192, 512, 0, 55.0) == 0.0
+
+
+def test_upload_bytes_are_the_experts_not_on_the_gpu() -> None:
+    e = 1000 << 20  # 1000 MiB of experts
+    setup = bench.setup_named
+    assert bench.upload_bytes(bench.SETUPS["cpu_moe-none"], e) == e
+    assert bench.upload_bytes(bench.SETUPS["cpu_moe-mmap"], e) == e
+    assert bench.upload_bytes(bench.SETUPS["cache-25"], e) == 750 << 20  # the cached 250 MiB come device to device
+    assert bench.upload_bytes(bench.SETUPS["cache-50"], e) == 500 << 20
+    assert bench.upload_bytes(setup("cache-50-mmap"), e) == 500 << 20
+    assert bench.upload_bytes(setup("cache-300mib"), e) == 700 << 20
+    assert bench.upload_bytes(setup("cache-2000mib"), e) == 0  # a cache larger than the experts
+    assert bench.upload_bytes(bench.SETUPS["cache-10"], 1001 << 20) == 901 << 20  # the cache in whole MiB: 100
+    assert bench.upload_bytes(bench.SETUPS["gpu"], e) == 0
+    assert bench.upload_bytes(bench.SETUPS["dense-ffn-half"], e) is None  # no experts: the setup does not say
+    assert bench.upload_bytes(setup("fit-8gib"), e) is None  # nor does a fit, whose placement is the run's
+
+
+def test_ttft_rows_put_each_prompt_beside_its_bound() -> None:
+    rows = [bench.Row("cpu_moe-none", {}, "llama-bench", 8192, 512, 0, 1024.0, ttft_s=8.01),  # an 8 s prompt
+            bench.Row("cpu_moe-none", {}, "llama-bench", 0, 512, 16, 50.0),  # the decode: not a prompt's row
+            bench.Row("cache-50", bench.PRISTINE, "llama-batched-bench", 8192, 4096, 0, 4096.0, ttft_s=2.02),
+            bench.Row("gpu", {}, "llama-bench", 2048, 512, 0, 8192.0, ttft_s=0.26),
+            bench.Row("cpu_moe-none", {}, "python", 8192, 512, 1, 900.0),  # --first's token: not a prompt's row
+            bench.Row("cpu_moe-none", {}, "llama-bench", 2048, 512, 0, 1024.0, ttft_s=2.01)]
+    got = bench.ttft_rows(rows, 16000 << 20, 50.0)
+    assert [(t.setup, t.switches, t.via, t.n_prompt, t.n_ubatch) for t in got] == [
+        ("cpu_moe-none", "-", "native", 2048, 512), ("cpu_moe-none", "-", "native", 8192, 512),
+        ("cache-50", "pristine", "native", 8192, 4096), ("gpu", "-", "native", 2048, 512)]
+    cpu, cache, gpu = got[1:]
+    bound = 16 * (16000 << 20) / 50e9  # 16 ubatches of 16000 MiB at 50 GB/s: 5.369 s
+    assert (cpu.upload_mib, cpu.prompt_s, cpu.bound_s) == (16000, 8.0, pytest.approx(bound))
+    assert cpu.ratio == pytest.approx(8.0 / bound)
+    assert (cache.upload_mib, cache.bound_s) == (8000, pytest.approx(2 * (8000 << 20) / 50e9))  # half cached
+    assert (gpu.upload_mib, gpu.bound_s, gpu.ratio) == (0, 0.0, None)
+    lines = bench.ttft_table(got).splitlines()
+    assert lines[0] == ("| setup | switches | via | prompt | ubatch | TTFT s | prompt t/s | upload MiB/ubatch "
+                        "| PCIe bound s | bound t/s | measured / bound |")
+    assert lines[1].count("---") == 11 and len(lines) == 2 + 4
+    assert lines[3] == "| cpu_moe-none | - | native | 8192 | 512 | 8.01 | 1024.0 | 16000.0 | 5.369 | 1525.9 | 1.49 |"
+    assert lines[5] == "| gpu | - | native | 2048 | 512 | 0.26 | 8192.0 | 0.0 | 0 | - | - |"
+
+
+def test_native_rows_carry_the_time_to_first_token(tiny: Path) -> None:
+    # llama-bench: the prompt's time and one token of its decode; llama-batched-bench (--ttft: one run per ubatch
+    # with every prompt at least that long): the prompt's time and one of the tokens decoded after it
+    bench_out = "\n".join(json.dumps(r) for r in (
+        {"n_prompt": 2048, "n_gen": 0, "n_ubatch": 512, "avg_ts": 1024.0, "stddev_ts": 0.0},
+        {"n_prompt": 0, "n_gen": 16, "n_ubatch": 512, "avg_ts": 50.0, "stddev_ts": 0.0},
+        {"n_prompt": 0, "n_gen": 16, "n_ubatch": 2048, "avg_ts": 40.0, "stddev_ts": 0.0}))
+    rows = bench.measure(tiny, bench.SETUPS["cpu_moe-none"], {}, [2048], [512, 2048], 16, 1,
+                         run=lambda cmd, env: bench_out)
+    assert [(r.n_prompt, r.n_gen, r.ttft_s) for r in rows] == [(2048, 0, pytest.approx(2.02)), (0, 16, 0.0)]
+
+    batched_out = "\n".join(json.dumps({"pp": pp, "tg": 16, "pl": 1, "t_pp": t_pp, "speed_pp": pp / t_pp,
+                                        "t_tg": t_tg, "speed_tg": 16 / t_tg})
+                            for pp, t_pp, t_tg in ((2048, 0.5, 0.2), (8192, 2.5, 0.32)))
+    seen: list[list[str]] = []
+
+    def fake(cmd: list[str], env: dict[str, str]) -> str:
+        seen.append(cmd)
+        return batched_out
+
+    rows = bench.measure(tiny, bench.SETUPS["cache-50"], {}, [2048, 8192], [512, 4096], 16, 1, run=fake,
+                         per_ubatch=True)
+    assert [(c[c.index("-ub") + 1], c[c.index("-npp") + 1], c[c.index("-c") + 1], c[c.index("-b") + 1])
+            for c in seen] == [("512", "2048,8192", "8224", "8192"), ("4096", "8192", "8224", "8192")]
+    prompts = [r for r in rows if r.n_prompt]
+    assert [(r.n_prompt, r.n_ubatch) for r in prompts] == [(2048, 512), (8192, 512), (2048, 4096), (8192, 4096)]
+    assert [r.ttft_s for r in prompts[:2]] == [pytest.approx(0.5 + 0.2 / 16), pytest.approx(2.5 + 0.32 / 16)]
+    seen.clear()
+    bench.measure(tiny, bench.SETUPS["cache-50"], {}, [2048, 8192], [512, 4096], 16, 1, run=fake)
+    assert len(seen) == 3  # without --ttft: a run per prompt and ubatch within it
+
+
+def test_ttft_run_and_table(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pyllama_moe.gguf_info import GGUFInfo
+    from pyllama_moe.tools.bench.ttft import TTFT_HEAD
+
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(tiny), "--setups", "cpu_moe-none", "--pp", "64,512", "--ub", "64", "--tg", "4", "--reps", "1",
+                     "--switch", "LLAMA_EXAMPLE_SWITCH", "--ttft", "--h2d-gbps", "20", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "MISMATCH" not in text, text
+    assert "uploaded once per ubatch at 20.0 GB/s, --h2d-gbps" in text
+    table = text[text.index("| setup | switches | via | prompt"):].split("\n\n")[0].splitlines()
+    assert table[0].split("|")[1:-1] == [f" {h} " for h in TTFT_HEAD]
+    # each prompt at each ubatch within it, --ub's and the default 512; the Python API at the largest
+    assert [tuple(c.strip() for c in ln.split("|")[1:6]) for ln in table[2:]] == [
+        ("cpu_moe-none", sw, via, p, u) for sw in ("-", "LLAMA_EXAMPLE_SWITCH=0")
+        for via, runs in (("native", (("64", "64"), ("512", "64"), ("512", "512"))),
+                          ("python", (("64", "64"), ("512", "512"))))
+        for p, u in runs]
+    data = json.loads(out.read_text())
+    assert (data["ttft"]["h2d_gbps"], data["ttft"]["h2d_gbps_from"]) == (20.0, "--h2d-gbps")
+    expert_bytes = GGUFInfo.read(tiny).expert_bytes
+    trows = data["ttft"]["rows"]
+    assert len(trows) == len(table) - 2
+    for t in trows:
+        assert t["ttft_s"] > t["prompt_s"] > 0, t  # a decoded token after the prompt
+        assert t["upload_mib"] == expert_bytes / 2**20  # cpu_moe: every expert, every ubatch
+        assert t["bound_s"] == pytest.approx(-(-t["n_prompt"] // t["n_ubatch"]) * expert_bytes / 20e9)
+        assert t["ratio"] == pytest.approx(t["prompt_s"] / t["bound_s"])
+    # the Python API times --first's one token after each prompt: its row is there too
+    assert {(r["n_prompt"], r["n_gen"]) for r in data["rows"] if r["tool"] == "python" and r["n_prompt"]} == {
+        (64, 0), (64, 1), (512, 0), (512, 1)}
+
+
+def test_ttft_of_cache_setups_where_the_cpu_stands_for_the_device(tiny: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cache's bound counts what is not cached; without a GPU to measure, the bandwidth is the documented default.
+    # The tiny model's experts (54 KiB) fit the smallest cache (1 MiB) whole: these, 32 of 512 rows, are 3.4 MiB
+    from pyllama_moe.gguf_info import GGUFInfo
+    from pyllama_moe.tools import synth
+
+    model = synth.write_model(tmp_path / "wide.gguf", "tiny", seed=3, n_expert=32, n_ff_exp=512)
+    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(model), "--setups", "cache-50", "--pp", "64", "--ub", "32", "--tg", "4", "--reps", "1",
+                     "--ttft", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads(out.read_text())["ttft"]
+    assert (data["h2d_gbps"], data["h2d_gbps_from"]) == (bench.DEFAULT_H2D_GBPS, "default")
+    expert_bytes = GGUFInfo.read(model).expert_bytes
+    cached = bench.cache_mib(model, bench.SETUPS["cache-50"]) << 20
+    assert (expert_bytes, cached) == (3 * 32 * 64 * 512 * 18 // 32 * 2, 1 << 20)  # q4_0: 18 bytes a 32 weights
+    assert {(t["via"], t["n_prompt"], t["n_ubatch"]) for t in data["rows"]} == {("native", 64, 32),
+                                                                                 ("python", 64, 32)}
+    for t in data["rows"]:
+        assert t["upload_mib"] * 2**20 == expert_bytes - cached > 0
+        assert t["bound_s"] == pytest.approx(2 * (expert_bytes - cached) / 55e9)
+        assert t["ttft_s"] > t["prompt_s"] > 0
+
+
+def test_ttft_argument_errors(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for args, message in ((["--h2d-gbps", "30"], "--h2d-gbps is the bandwidth of --ttft's PCIe bound"),
+                          (["--ttft", "--h2d-gbps", "0"], "--h2d-gbps takes a positive bandwidth in GB/s, got 0"),
+                          (["--ttft", "--h2d-gbps", "-5"], "got -5"),
+                          (["--ttft", "--tg", "0"], "--ttft times the prompt and one decoded token: --tg must be")):
+        with pytest.raises(SystemExit) as e:
+            bench.main([str(tiny), "--setups", "cpu_moe-none", *args])
+        assert e.value.code == 2 and message in capsys.readouterr().err, args
+
+
+def test_ttft_default_ubatch_is_llamas() -> None:
+    import inspect
+
+    from pyllama_moe import Llama
+
+    assert inspect.signature(Llama).parameters["n_ubatch"].default == bench.DEFAULT_UBATCH
+
+
+def test_a_long_prompt_repeats_the_text() -> None:
+    from pyllama_moe.tools.bench.worker import repeated
+
+    assert repeated([1, 2, 3], 7) == [1, 2, 3] * 3
+    assert repeated([1, 2, 3], 2) == repeated([1, 2, 3], 3) == [1, 2, 3]
+    with pytest.raises(ValueError, match="no tokens"):
+        repeated([], 4)

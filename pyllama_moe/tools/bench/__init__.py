@@ -3,8 +3,8 @@
 Read as the steps of llama.cpp's ``llama-bench``: :mod:`.cli` (the options, the run of the matrix), :mod:`.matrix`
 (the setups and switch settings), :mod:`.models` (the models and what their headers say), :mod:`.native` (the
 native tools and their output), :mod:`.api` (the Python API's runs, each one a :mod:`.worker` process),
-:mod:`.overhead` (the Python overhead per token), :mod:`.report` (rows, checks, the table), :mod:`.gpu_trace`
-(what the GPU did, ``--trace``).
+:mod:`.overhead` (the Python overhead per token), :mod:`.report` (rows, checks, the table), :mod:`.ttft` (long
+prompts beside their PCIe bound, ``--ttft``), :mod:`.gpu_trace` (what the GPU did, ``--trace``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pyllama_moe.tools.bench.matrix import (
     SETUPS,
     Setup,
     cache_mib,
+    cache_mib_of,
     fit_kwargs,
     setup_named,
     upstream_switches,
@@ -34,16 +35,29 @@ from pyllama_moe.tools.bench.native import (
 )
 from pyllama_moe.tools.bench.overhead import overhead, overhead_table
 from pyllama_moe.tools.bench.report import Row, column, mismatches, switch_label, table, upstream_differences
+from pyllama_moe.tools.bench.ttft import (
+    DEFAULT_H2D_GBPS,
+    DEFAULT_UBATCH,
+    TtftRow,
+    pcie_bound_s,
+    ttft_rows,
+    ttft_table,
+    upload_bytes,
+)
 
 __all__ = [
+    "DEFAULT_H2D_GBPS",
+    "DEFAULT_UBATCH",
     "DENSE_PRESETS",
     "KILL_SWITCHES",
     "PRISTINE",
     "SETUPS",
     "Row",
     "Setup",
+    "TtftRow",
     "api_measure",
     "cache_mib",
+    "cache_mib_of",
     "column",
     "decode_hits",
     "fit_kwargs",
@@ -57,6 +71,7 @@ __all__ = [
     "parse_cache_stats",
     "parse_decisions",
     "parse_jsonl",
+    "pcie_bound_s",
     "prompt_copies",
     "prompt_seeds",
     "routing_regime",
@@ -65,7 +80,10 @@ __all__ = [
     "switch_label",
     "table",
     "tool_path",
+    "ttft_rows",
+    "ttft_table",
     "upstream_differences",
+    "upload_bytes",
     "upstream_switches",
     "write_model",
 ]

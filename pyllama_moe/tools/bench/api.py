@@ -21,26 +21,31 @@ PREFETCH_LINE = re.compile(r"host weight prefetch, depth (?P<depth>\d+), staging
 
 def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: int, n_ubatch: int, tg: int,
                 run: Runner = run_tool, warm: int = 0, first: int = 0, trace: bool = False,
-                warmup: int = -1, batch: int = 0, draft: Sequence[int] = (), draft_bounds: bool = False) -> list[Row]:
+                warmup: int = -1, batch: int = 0, draft: Sequence[int] = (), draft_bounds: bool = False,
+                warm_token: bool = False) -> list[Row]:
     """Prompt and generation speed through ``Llama``, in a child process (the switches are its environment);
     with ``warm``, that many tokens are generated first, so a MoE cache is warm for the timed prompt; with
     ``first``, that many greedy tokens continue the timed prompt (a row of their own: their speed, and the MoE
     cache's hit rate in those decode steps); with ``trace``, the GPU's activity in the timed prompt and those
     tokens (``gpu_trace.Tracer`` in the worker, started before the timing: the speeds include what recording costs
     while the work runs). ``warmup``: the tokens of the prompt evaluated once before it (at most a ubatch, -1: a whole
-    one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing.
+    one, as llama-bench warms up with the prompt; 0: none), to build graphs and load kernels outside the timing;
+    ``warm_token``: one decoded token after them too (a decode step's graphs and kernels, where the first token after
+    the prompt is timed: --ttft).
     ``batch``: the prompt is evaluated in batches of that many tokens, only the last one with an output, as
     llama-server does with its ``-b`` (0: one batch). ``draft``: ``tg`` greedy tokens are also generated after a
     prompt quoting source code to edit and after one of prose, without a draft and with prompt lookup proposing up to
     each of these sizes (:mod:`.draft`; a row each, labelled as :func:`.report.generate_label` says, whose
     ``cache["generate"]`` holds tokens per decode, acceptance and the MoE cache's misses); with ``draft_bounds``, also
-    with the drafts whose proposals are all accepted and all rejected."""
+    with the drafts whose proposals are all accepted and all rejected. The prompt's row carries its time to first
+    token (``Row.ttft_s``): the prompt's time and one decoded token's (the mean of ``first``'s, else of the decode
+    from an empty context)."""
     kwargs = {**dict(setup.llama_kwargs), "moe_cache_mib": cache_mib(model, setup)}
     if setup.fit_gib:
         kwargs.update(fit_kwargs(setup))
     spec = {"model": str(model), "n_prompt": n_prompt, "n_ubatch": n_ubatch, "tg": tg, "warm": warm, "first": first,
-            "trace": trace, "warmup": warmup, "batch": batch, "draft": list(draft), "draft_bounds": draft_bounds,
-            "kwargs": kwargs}
+            "trace": trace, "warmup": warmup, "warm_token": warm_token, "batch": batch, "draft": list(draft),
+            "draft_bounds": draft_bounds, "kwargs": kwargs}
     out = run([sys.executable, "-m", "pyllama_moe.tools.bench.worker", json.dumps(spec)], switches)
     res = parse_jsonl(out)[-1]
     stats = parse_cache_stats(out)
@@ -58,8 +63,12 @@ def api_measure(model: Path, setup: Setup, switches: dict[str, str], n_prompt: i
     # a fit setup is fitted again under each switch setting, whose memory differs: its placement, hence its
     # results, may differ too, so its hashes are not compared
     same = not setup.fit_gib
+    # the time to first token: the prompt's and a decoded token's, one of those continuing it (--first) or else one
+    # from an empty context
+    token_ts = res["first"]["ts"] if "first" in res else res["tg_ts"]
+    ttft = n_prompt / res["pp_ts"] + 1 / token_ts if token_ts > 0 else 0.0
     rows = [Row(setup.name, switches, "python", n_prompt, n_ubatch, 0, res["pp_ts"], cache=stats,
-                digest=res["pp_digest"] if same else "", trace=res.get("pp_trace", {})),
+                digest=res["pp_digest"] if same else "", trace=res.get("pp_trace", {}), ttft_s=ttft),
             Row(setup.name, switches, "python", 0, n_ubatch, res["n_gen"], res["tg_ts"],
                 cache={**stats, "tg": res["tg"]} if res.get("tg") else stats, digest=res["tg_digest"] if same else "")]
     for g in res.get("generate", []):  # --draft: generation after each prompt, without and with each draft size

@@ -14,6 +14,10 @@ The Python runs also hash the logits of the prompt's last token and the greedy t
 switch must not change them, so every setup's hashes are compared across its switch settings and
 a mismatch is printed loudly (and makes the exit status 1).
 
+With ``--ttft`` a second table gives each prompt of ``--pp`` at each ubatch of ``--ub`` and llama.cpp's default
+(512): its time to first token, its tokens/s and its PCIe bound, the time the experts not on the GPU take to upload
+once per ubatch (:mod:`.ttft`).
+
 The table is the measurement: nothing here asserts a speed.
 """
 
@@ -45,6 +49,7 @@ from pyllama_moe.tools.bench.models import routing_regime, write_model
 from pyllama_moe.tools.bench.native import h2d_bandwidth, measure, tool_path
 from pyllama_moe.tools.bench.overhead import overhead, overhead_table
 from pyllama_moe.tools.bench.report import Row, draft_table, mismatches, switch_label, table, upstream_differences
+from pyllama_moe.tools.bench.ttft import DEFAULT_H2D_GBPS, DEFAULT_UBATCH, TtftRow, ttft_rows, ttft_table
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-every-ub", action="store_true",
                     help="run the Python API at every ubatch size of --ub, not only the largest (the logits hash "
                          "is then compared across the switches at each)")
+    ap.add_argument("--ttft", action="store_true",
+                    help=f"long prompts: each prompt of --pp at each ubatch of --ub and at {DEFAULT_UBATCH} (the "
+                         "default), in a table of its own: the time to first token (the prompt and one decoded "
+                         "token), the prompt's tokens/s and its PCIe bound (the experts not on the GPU uploaded once "
+                         "per ubatch; the Python API runs every prompt, with --first 1 at least)")
+    ap.add_argument("--h2d-gbps", type=float, metavar="GBPS",
+                    help="--ttft: the host-to-device GB/s of the PCIe bound (default: a pinned copy measured at the "
+                         f"start; {DEFAULT_H2D_GBPS:g}, an H100's, where there is no GPU)")
     return ap
 
 
@@ -126,6 +139,15 @@ class Params:
     pp: list[int]
     ub: list[int]
     drafts: list[int] = dataclasses.field(default_factory=list)
+
+    def api_runs(self) -> list[tuple[int, int]]:
+        """The Python API's (prompt, ubatch) runs: the longest prompt (with --ttft every one) at the largest ubatch
+        within it (with --api-every-ub every one)."""
+        runs = []
+        for p in (self.pp if self.args.ttft else [max(self.pp)]):
+            ubs = [u for u in self.ub if u <= p]
+            runs += [(p, u) for u in (ubs if self.args.api_every_ub else ubs[-1:])]
+        return runs
 
 
 def draft_sizes(text: str) -> list[int]:
@@ -187,6 +209,14 @@ def _params(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
         ap.error("--pp and --ub take comma-separated token counts")
     if min(pp + ub) < 1:
         ap.error("--pp and --ub take positive token counts")
+    if args.h2d_gbps is not None and not args.ttft:
+        ap.error("--h2d-gbps is the bandwidth of --ttft's PCIe bound: it goes with --ttft")
+    if args.h2d_gbps is not None and not args.h2d_gbps > 0:
+        ap.error(f"--h2d-gbps takes a positive bandwidth in GB/s, got {args.h2d_gbps:g}")
+    if args.ttft and args.tg < 1:
+        ap.error("--ttft times the prompt and one decoded token: --tg must be at least 1")
+    if args.ttft and DEFAULT_UBATCH not in ub:  # the defaults' row beside the ubatches asked for
+        ub = sorted([*ub, DEFAULT_UBATCH])
     if args.no_native and ub[0] > max(pp):  # the Python API runs the ubatch sizes within the longest prompt only
         ap.error(f"--ub {args.ub}: no ubatch size within the prompt (--pp {args.pp}), so nothing would run")
     return Params(args, names, settings, pp, ub, drafts)
@@ -203,14 +233,24 @@ class Result:
     skipped: list[str] = dataclasses.field(default_factory=list)
     failed: list[str] = dataclasses.field(default_factory=list)
     bw: dict[str, float] = dataclasses.field(default_factory=dict)
+    bound_gbps: float = 0.0  # --ttft: the bandwidth of the PCIe bound (0: no --ttft), and where it came from
+    bound_gbps_from: str = ""
+
+    def ttft(self) -> list[TtftRow]:
+        """--ttft's rows (none without it)."""
+        if not self.bound_gbps:
+            return []
+        return ttft_rows(self.rows, GGUFInfo.read(self.model).expert_bytes, self.bound_gbps)
 
     def save(self, path: Path | None) -> None:
         if path:
-            path.write_text(json.dumps({"model": str(self.model), "routing": self.regime,
-                                        "dense": str(self.dense or ""), "h2d_gbps": self.bw,
-                                        "mismatches": mismatches(self.rows) + upstream_differences(self.rows),
-                                        "failed": self.failed, "rows": [dataclasses.asdict(r) for r in self.rows]},
-                                       indent=1))
+            data = {"model": str(self.model), "routing": self.regime, "dense": str(self.dense or ""),
+                    "h2d_gbps": self.bw, "mismatches": mismatches(self.rows) + upstream_differences(self.rows),
+                    "failed": self.failed, "rows": [dataclasses.asdict(r) for r in self.rows]}
+            if self.bound_gbps:
+                data["ttft"] = {"h2d_gbps": self.bound_gbps, "h2d_gbps_from": self.bound_gbps_from,
+                                "rows": [dataclasses.asdict(t) for t in self.ttft()]}
+            path.write_text(json.dumps(data, indent=1))
 
 
 def _run(p: Params) -> Result:
@@ -221,6 +261,15 @@ def _run(p: Params) -> Result:
     gpu = backend.gpu_available()
     cache = gpu or moe.cache_on_cpu()  # LLAMA_MOE_CACHE_CPU=1: the cache's setups run on the CPU (a dry run)
     res = Result(args.model, routing_regime(args.model), args.dense)
+    if args.ttft:  # the bound's bandwidth, measured before the runs where it is not given
+        if args.h2d_gbps is None and gpu:
+            res.bw = h2d_bandwidth(mapped=args.model)
+        if args.h2d_gbps is not None:
+            res.bound_gbps, res.bound_gbps_from = args.h2d_gbps, "--h2d-gbps"
+        elif "pinned" in res.bw:
+            res.bound_gbps, res.bound_gbps_from = res.bw["pinned"], "measured"
+        else:
+            res.bound_gbps, res.bound_gbps_from = DEFAULT_H2D_GBPS, "default"
     for name in p.names:
         setup = setup_named(name)
         assert setup is not None
@@ -241,20 +290,21 @@ def _run(p: Params) -> Result:
                 pristine = sw == PRISTINE
                 if not args.no_native:
                     res.rows += measure(model, setup, sw, p.pp, p.ub, args.tg, args.reps,
-                                        tools=args.pristine if pristine else None)
+                                        tools=args.pristine if pristine else None, per_ubatch=args.ttft)
                 if not args.no_api and not pristine:  # the Python API runs our library only
-                    api_ub = [u for u in p.ub if u <= max(p.pp)]
-                    for u in (api_ub if args.api_every_ub else api_ub[-1:]):
-                        res.rows += api_measure(model, setup, sw, max(p.pp), u, args.tg, warm=args.warm,
-                                                first=args.first, trace=args.trace, warmup=args.warmup,
+                    first = max(args.first, 1) if args.ttft else args.first  # --ttft: a token after the prompt
+                    for n_prompt, u in p.api_runs():
+                        res.rows += api_measure(model, setup, sw, n_prompt, u, args.tg, warm=args.warm,
+                                                first=first, trace=args.trace, warmup=args.warmup,
                                                 batch=args.batch, draft=p.drafts,
-                                                draft_bounds=args.draft_bounds)
+                                                draft_bounds=args.draft_bounds, warm_token=args.ttft)
             except RuntimeError as e:  # a failing run is reported, the others still run
                 res.failed.append(f"{name} {switch_label(sw)}: {str(e)[-1500:]}")
                 print(f"bench: FAILED {res.failed[-1]}", file=sys.stderr, flush=True)
             print(f"bench: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             res.save(args.json)
-    res.bw = h2d_bandwidth(mapped=args.model) if gpu else {}
+    if not res.bw and gpu:
+        res.bw = h2d_bandwidth(mapped=args.model)
     return res
 
 
@@ -263,6 +313,11 @@ def _report(res: Result) -> list[str]:
     rows = res.rows
     print(f"{res.model.name}: {res.regime} routing; prompts and decoded tokens are real text (bench_text)\n")
     print(table(rows))
+    trows = res.ttft()
+    if trows:
+        print(f"\nlong prompts (--ttft; TTFT: the prompt and one decoded token; the PCIe bound: the experts not on the "
+              f"GPU uploaded once per ubatch at {res.bound_gbps:.1f} GB/s, {res.bound_gbps_from}):\n")
+        print(ttft_table(trows))
     drafts = draft_table(rows)
     if drafts:
         print("\ngeneration with a draft (--draft; tokens/decode: llama_decode calls, misses: the MoE cache's):\n")

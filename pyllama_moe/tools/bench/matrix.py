@@ -136,9 +136,18 @@ def upstream_switches() -> dict[str, str]:
 
 
 def cache_mib(model: Path, setup: Setup) -> int:
+    """The MoE cache's MiB of ``setup`` on ``model`` (0: no cache)."""
     if setup.cache_mib_fixed:
         return setup.cache_mib_fixed
-    return max(1, int(GGUFInfo.read(model).expert_bytes * setup.cache_fraction) >> 20) if setup.cache_fraction else 0
+    return cache_mib_of(GGUFInfo.read(model).expert_bytes, setup) if setup.cache_fraction else 0
+
+
+def cache_mib_of(expert_bytes: int, setup: Setup) -> int:
+    """The MoE cache's MiB of ``setup`` on a model of ``expert_bytes`` bytes of experts: its fixed size, or its
+    fraction of them in whole MiB, at least 1 (0: no cache)."""
+    if setup.cache_mib_fixed:
+        return setup.cache_mib_fixed
+    return max(1, int(expert_bytes * setup.cache_fraction) >> 20) if setup.cache_fraction else 0
 
 
 def fit_kwargs(setup: Setup) -> dict[str, Any]:

@@ -99,9 +99,14 @@ def run_tool(cmd: list[str], env: dict[str, str]) -> str:
 
 
 def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[int], ub: Sequence[int], tg: int,
-            reps: int, run: Runner = run_tool, tools: Path | None = None) -> list[Row]:
+            reps: int, run: Runner = run_tool, tools: Path | None = None, per_ubatch: bool = False) -> list[Row]:
     """The native tools on ``setup`` with ``switches`` in their environment; ``tools``: a build folder whose
-    tools run instead of ours, with no switch set (upstream's own, unpatched: the rows of ``switches`` PRISTINE)."""
+    tools run instead of ours, with no switch set (upstream's own, unpatched: the rows of ``switches`` PRISTINE).
+    A prompt's row carries its time to first token (``Row.ttft_s``): the prompt's time and one decoded token's,
+    llama-batched-bench's decoded after the prompt, llama-bench's from an empty context (its tg test).
+    ``per_ubatch``: llama-batched-bench runs once per ubatch size with every prompt at least that long (one model
+    load each, the prompts in turn in one context; its log's cache figures are then those of the whole run), instead
+    of once per prompt and ubatch."""
     rows: list[Row] = []
     if setup.python_only:  # our fit is Python's, and the tools have no option for the hybrid: no native run
         return rows
@@ -117,18 +122,26 @@ def measure(model: Path, setup: Setup, switches: dict[str, str], pp: Sequence[in
                 continue  # generation does not depend on the ubatch: llama-bench repeats it per ubatch
             rows.append(Row(setup.name, switches, "llama-bench", r["n_prompt"], r["n_ubatch"], r["n_gen"],
                             float(r["avg_ts"]), float(r["stddev_ts"])))
+        decode_s = [1 / row.tokens_per_s for row in rows if row.n_gen and row.tokens_per_s > 0]
+        for row in rows:
+            if row.n_prompt and decode_s and row.tokens_per_s > 0:
+                row.ttft_s = row.n_prompt / row.tokens_per_s + decode_s[0]
         return rows
     mib = cache_mib(model, setup)
-    for p, u in ((p, u) for p in pp for u in ub if u <= p):
+    runs = ([([p for p in pp if p >= u], u) for u in ub] if per_ubatch
+            else [([p], u) for p in pp for u in ub if u <= p])
+    for prompts, u in ((ps, u) for ps, u in runs if ps):
         # -lv 4: llama's info lines, among them the cache statistics logged when the context is freed
         cmd = [str(tool_path("llama-batched-bench", tools)), "-m", str(model), *setup.args, *setup.batched_args,
-               "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(p + tg + 16), "-b", str(p), "-ub", str(u),
-               "-npp", str(p), "-ntg", str(tg), "-npl", "1", "--output-format", "jsonl", "-lv", "4"]
+               "--moe-cache-mib", str(mib), "-fa", "on", "-c", str(max(prompts) + tg + 16), "-b", str(max(prompts)),
+               "-ub", str(u), "-npp", ",".join(map(str, prompts)), "-ntg", str(tg), "-npl", "1",
+               "--output-format", "jsonl", "-lv", "4"]
         text = run(cmd, env)
         cache = parse_cache_stats(text)
         for r in parse_jsonl(text):
+            token_s = float(r["t_tg"]) / r["tg"] if r["tg"] else 0.0  # a token decoded after the prompt
             rows.append(Row(setup.name, switches, "llama-batched-bench", r["pp"], u, 0, float(r["speed_pp"]),
-                            cache=cache))
+                            cache=cache, ttft_s=float(r["t_pp"]) + token_s if token_s else 0.0))
             rows.append(Row(setup.name, switches, "llama-batched-bench", 0, u, r["tg"], float(r["speed_tg"]),
                             cache=cache))
     return rows

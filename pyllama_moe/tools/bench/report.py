@@ -25,6 +25,7 @@ class Row:
     digest: str = ""  # Python runs: hash of the prompt's last logits (pp) or of the greedy tokens (tg)
     label: str = ""  # the column, where it is not named by the token counts (--draft's generation: generate_label)
     trace: dict[str, Any] = dataclasses.field(default_factory=dict)  # --trace: gpu_trace.TraceSummary of the timed part
+    ttft_s: float = 0.0  # a prompt's row: its time and one decoded token's (0: no token measured; --ttft's table)
 
 
 def mismatches(rows: Iterable[Row]) -> list[str]:
