@@ -59,7 +59,7 @@ _STAR = ("pyllama_moe.llama_types", "pyllama_moe.llama_speculative", "pyllama_mo
 # llama-cpp-python's submodules that ``import llama_cpp`` binds (its ``__init__`` imports them): attributes of the
 # package on first use, as ``pyllama_moe.llama_cpp.llama_backend_init()`` is written
 _SUBMODULES = ("llama", "llama_cache", "llama_chat_format", "llama_cpp", "llama_grammar", "llama_speculative",
-               "llama_tokenizer", "llama_types")
+               "llama_tokenizer", "llama_types", "mtmd_cpp")
 
 
 def _own_names(mod: Any) -> list[str]:

@@ -3,13 +3,15 @@
 Importable before the package is built (it needs only cffi and a C preprocessor). CMake runs
 
     python -m pyllama_moe._ffi_build --include <llama.cpp>/include --include <llama.cpp>/ggml/include \
-        --out <build>/_cffi.c
+        --include <llama.cpp>/tools/mtmd --out <build>/_cffi.c
 
 and compiles the emitted C source in API (out-of-line) mode, so the C compiler checks every
 declaration and struct layout against the real headers: they cannot drift from the library.
 
 What is declared:
 - every type, enum and function of ``llama.h``;
+- every type, enum and function of libmtmd's ``mtmd.h`` and ``mtmd-helper.h`` (images and audio through a
+  projector; :mod:`pyllama_moe.mtmd_cpp`, :mod:`pyllama_moe.mtmd`);
 - the ggml / ggml-backend / gguf types that ``llama.h`` uses, and the ggml functions the bindings
   need (device registry, buffer types, type sizes, logging, timing, CPU features, gguf reading);
 - integer ``#define`` constants of those headers;
@@ -34,13 +36,16 @@ MODULE = "pyllama_moe._cffi"
 DECL_DIR = Path(__file__).resolve().parent / "_decl"
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 SHIM_HEADER = "pyllama_moe_shim.h"  # our C entry points into llama.cpp's common library
+MTMD_HEADER = "mtmd-helper.h"  # libmtmd's helpers; it includes mtmd.h
+# the headers the module is compiled against, in this order (each includes what it needs of llama.h and ggml)
+TOP_HEADERS = (SHIM_HEADER, MTMD_HEADER)
 
 # headers whose text is declared; anything else the preprocessor pulls in (libc) is left to cffi,
 # which knows the standard types (size_t, int32_t, bool, FILE, ...)
 API_HEADERS = ("llama.h", "ggml.h", "ggml-backend.h", "ggml-alloc.h", "ggml-cpu.h", "ggml-opt.h", "gguf.h",
-               "ggml-rpc.h", SHIM_HEADER)
+               "ggml-rpc.h", "mtmd.h", MTMD_HEADER, SHIM_HEADER)
 # headers all of whose functions are declared
-ALL_FUNCTIONS = ("llama.h", SHIM_HEADER)
+ALL_FUNCTIONS = ("llama.h", "mtmd.h", MTMD_HEADER, SHIM_HEADER)
 
 # functions: all of llama.h; of ggml's headers only these, the rest being graph-building API that
 # the bindings never call (and some of it is declared for backends we do not build)
@@ -71,16 +76,17 @@ def find_header(name: str, include: Sequence[Path]) -> Path:
 
 
 def preprocess(include: Sequence[Path]) -> list[tuple[str, str]]:
-    """Our shim header (which includes llama.h) preprocessed: (header, text) chunks of API_HEADERS,
-    in order; libc is left out."""
+    """TOP_HEADERS (our shim header, which includes llama.h, and mtmd-helper.h) preprocessed: (header, text) chunks
+    of API_HEADERS, in order; libc is left out."""
     include = [*include, NATIVE_DIR]
+    source = "".join(f'#include "{find_header(h, include)}"\n' for h in TOP_HEADERS)
     cmd = _cc() + [
         "-E", "-std=c11", "-D__attribute__(x)=", "-D__restrict=", "-D__extension__=", "-D__inline=",
-        *[f"-I{d}" for d in include], str(find_header(SHIM_HEADER, include)),
+        *[f"-I{d}" for d in include], "-x", "c", "-",
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, input=source, capture_output=True, text=True)
     if res.returncode != 0:
-        raise RuntimeError(f"preprocessing llama.h failed:\n{res.stderr}")
+        raise RuntimeError(f"preprocessing llama.h and mtmd.h failed:\n{res.stderr}")
     chunks: list[tuple[str, list[str]]] = []
     header = ""
     for line in res.stdout.splitlines():
@@ -186,7 +192,7 @@ def make_ffi(include: Sequence[Path], defined: set[str] | None = None):  # -> cf
 
     ffi = cffi.FFI()
     ffi.cdef(declarations(include, defined))
-    ffi.set_source(MODULE, f'#include "{SHIM_HEADER}"\n')
+    ffi.set_source(MODULE, "".join(f'#include "{h}"\n' for h in TOP_HEADERS))
     return ffi
 
 

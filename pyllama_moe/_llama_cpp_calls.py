@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,11 @@ from pyllama_moe.ffi import ffi
 
 Converter = Callable[[Any], Any]
 
-# the ctypes type of each C number type that llama.h passes or returns by pointer
+# the ctypes type of each C number type that llama.h and mtmd.h pass or return by pointer (mtmd.h's pixels and image
+# files are ``unsigned char *``: ctypes ``c_uint8`` arrays, bytes, bytearrays, numpy uint8 arrays)
 _CTYPES: dict[str, Any] = {
-    "char": ctypes.c_char, "_Bool": ctypes.c_bool, "float": ctypes.c_float, "double": ctypes.c_double,
+    "char": ctypes.c_char, "unsigned char": ctypes.c_ubyte, "_Bool": ctypes.c_bool, "float": ctypes.c_float,
+    "double": ctypes.c_double,
     "int8_t": ctypes.c_int8, "uint8_t": ctypes.c_uint8, "int16_t": ctypes.c_int16, "uint16_t": ctypes.c_uint16,
     "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
     "size_t": ctypes.c_size_t, "int": ctypes.c_int, "unsigned int": ctypes.c_uint,
@@ -272,8 +275,9 @@ def arguments(name: str, fn: Any) -> Callable[..., list[Any]]:
     return convert
 
 
-def wrap(name: str, fn: Any) -> Any:
-    """``fn`` (a function of ``lib``) called with llama-cpp-python's values; ``fn`` itself if nothing converts."""
+def wrap(name: str, fn: Any, header: str = "llama.h") -> Any:
+    """``fn`` (a function of ``lib``, declared in ``header``) called with llama-cpp-python's values; ``fn`` itself if
+    nothing converts."""
     ftype = ffi.typeof(fn)
     if ftype.kind != "function" or ftype.ellipsis:
         return fn
@@ -290,7 +294,7 @@ def wrap(name: str, fn: Any) -> Any:
         return out if res is None else res(out)
 
     call.__name__ = call.__qualname__ = name
-    call.__doc__ = (f"``{_signature(name, ftype)}`` (llama.h), called as llama-cpp-python's ctypes binding is: "
+    call.__doc__ = (f"``{_signature(name, ftype)}`` ({header}), called as llama-cpp-python's ctypes binding is: "
                     "see pyllama_moe._llama_cpp_calls for what each argument accepts and what it returns.")
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
@@ -315,3 +319,64 @@ def callback(ctype: str, fn: Callable[..., Any]) -> Any:
         return fn(*[a if c is None else c(a) for c, a in zip(convs, args, strict=True)])
 
     return ffi.callback(ctype, call if any(convs) else fn)
+
+
+# the string copies of a struct made by StructType, alive as long as the struct
+_kept: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+
+class StructType:
+    """A constructor of ``struct <name>`` that reads like a ctypes Structure class: ``T(*fields, **fields)`` makes
+    one (zero-initialised, owning its memory), ``(T * n)(*items)`` an array of ``n``."""
+
+    def __init__(self, name: str, module: str = "llama_cpp") -> None:
+        self.__name__ = self.__qualname__ = name
+        self.module = module
+        self.cname = "struct " + name
+        self.fields = [field for field, _ in ffi.typeof(self.cname).fields]
+        # ``char *`` fields take bytes, as a ctypes ``c_char_p`` field does (``mtmd_input_text(text=b"...")``)
+        self.strings = {field for field, f in ffi.typeof(self.cname).fields
+                        if f.type.kind == "pointer" and f.type.item.cname == "char"}
+        self.__doc__ = (f"A new zero-initialised ``{self.cname}`` with the given fields ({', '.join(self.fields)}), "
+                        "a struct cdata like a ctypes Structure: pass it by value, or ``byref(...)`` where C takes a "
+                        f"pointer; ``({name} * n)()`` makes an array.")
+
+    def __call__(self, *args: Any, **fields: Any) -> Any:
+        if len(args) > len(self.fields):
+            raise TypeError(f"{self.__name__}() takes at most {len(self.fields)} fields ({', '.join(self.fields)}), "
+                            f"got {len(args)}")
+        for field, value in zip(self.fields, args, strict=False):
+            if field in fields:
+                raise TypeError(f"{self.__name__}() got field {field!r} twice")
+            fields[field] = value
+        unknown = sorted(set(fields) - set(self.fields))
+        if unknown:
+            raise TypeError(f"{self.__name__}() has no field {', '.join(unknown)} "
+                            f"(its fields: {', '.join(self.fields)})")
+        keep = []
+        for field in self.strings & fields.keys():
+            if isinstance(fields[field], bytes):
+                fields[field] = ffi.new("char[]", fields[field])
+                keep.append(fields[field])
+        # the struct of an owning pointer co-owns its memory (cffi), so it lives as long as it is used; so do the
+        # copies of the strings it points to
+        struct = ffi.new(self.cname + " *", fields)[0]
+        if keep:
+            _kept[struct] = keep
+        return struct
+
+    def __mul__(self, n: int) -> Callable[..., Any]:
+        if not isinstance(n, int) or n < 0:
+            raise TypeError(f"{self.__name__} * n needs a count n >= 0, got {n!r}")
+        cname = f"{self.cname}[{n}]"
+
+        def array(*items: Any) -> Any:
+            if len(items) > n:
+                raise IndexError(f"{len(items)} items for an array of {n}")
+            return ffi.new(cname, list(items))
+
+        array.__name__ = array.__qualname__ = f"{self.__name__}_Array_{n}"
+        return array
+
+    def __repr__(self) -> str:
+        return f"<{self.module} struct type {self.__name__}>"

@@ -29,6 +29,8 @@ _partial: list[str] = []  # a line that llama.cpp sends in pieces (GGML_LOG_LEVE
 _last_level = logging.INFO
 # what llama_cpp.llama_log_set installed instead of the bridge (kept alive while C may call it); None: the bridge
 _user_log: tuple[Any, ...] | None = None
+# the same for libmtmd's log (mtmd_cpp.mtmd_log_set)
+_user_mtmd_log: tuple[Any, ...] | None = None
 
 _LEVELS = {
     lib.GGML_LOG_LEVEL_NONE: logging.INFO,
@@ -153,6 +155,8 @@ def init() -> None:
             return
         if _user_log is None:
             lib.llama_log_set(lib.pyllama_moe_log_callback, ffi.NULL)
+        if _user_mtmd_log is None:  # libmtmd logs through a callback of its own (the helpers' sets both)
+            lib.mtmd_helper_log_set(lib.pyllama_moe_log_callback, ffi.NULL)
         lib.llama_backend_init()
         _ready = True
 
@@ -164,6 +168,15 @@ def set_log(callback: Any, user_data: Any, keep: object) -> None:
     with _lock:
         lib.llama_log_set(callback, user_data)
         _user_log = (callback, user_data, keep)
+
+
+def set_mtmd_log(callback: Any, user_data: Any, keep: object, helper: bool = False) -> None:
+    """``mtmd_log_set`` (``helper``: ``mtmd_helper_log_set``) of :mod:`pyllama_moe.mtmd_cpp`: as :func:`set_log`, for
+    libmtmd's log."""
+    global _user_mtmd_log
+    with _lock:
+        (lib.mtmd_helper_log_set if helper else lib.mtmd_log_set)(callback, user_data)
+        _user_mtmd_log = (callback, user_data, keep)
 
 
 def system_info() -> str:

@@ -74,6 +74,20 @@ class InvalidSchemaError(SchemaError):
     a schema that is only beyond the converter falls back to plain JSON."""
 
 
+class ProjectorLoadError(ModelLoadError, ValueError):
+    """A multimodal projector (``clip_model_path``, an mmproj GGUF) could not be loaded, or does not fit the text
+    model: a ``ValueError`` too, which llama-cpp-python raises for it."""
+
+
+class ImageError(ValueError):
+    """An image that cannot be used: not an image, truncated, too large, or refused by the projector's
+    preprocessing."""
+
+
+class MediaMismatchError(ValueError):
+    """A prompt's media markers and the images given do not match in number."""
+
+
 class ChatFormatNotFoundError(ValueError):
     """No chat format or handler is registered under that name."""
 
@@ -172,6 +186,22 @@ def check_fit_status(status: int, since: int) -> bool:
     if status == 2:
         raise ModelLoadError("fitting the parameters to device memory failed" + _native_detail(since))
     return status == 0
+
+
+def check_mtmd_tokenize(code: int, n_markers: int, n_bitmaps: int, since: int) -> None:
+    """``mtmd_tokenize``: 0 success, 1 markers and bitmaps differ in number, 2 an image's preprocessing failed."""
+    if code == 1:
+        raise MediaMismatchError(f"the prompt has {n_markers} media markers for {n_bitmaps} images")
+    if code != 0:
+        raise ImageError(f"the projector could not preprocess an image (mtmd_tokenize returned {code})"
+                         + _native_detail(since))
+
+
+def check_mtmd_eval(code: int, since: int) -> None:
+    """``mtmd_helper_eval_chunks``: 0 success; otherwise an image's encoding or a decode failed."""
+    if code != 0:
+        raise LlamaError(f"evaluating the prompt's text and images failed (mtmd_helper_eval_chunks returned {code})"
+                         + (_native_detail(since) or ": llama.cpp logged no reason"))
 
 
 def check_closed(ptr: Any, what: str) -> Any:

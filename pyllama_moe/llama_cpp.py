@@ -165,50 +165,6 @@ def byref(obj: Any) -> Any:
     raise TypeError(f"byref() needs a struct, pointer or array cdata, got {ffi.typeof(obj).cname}")
 
 
-class _StructType:
-    """A constructor of ``struct <name>`` that reads like a ctypes Structure class: ``T(*fields, **fields)`` makes
-    one (zero-initialised, owning its memory), ``(T * n)(*items)`` an array of ``n``."""
-
-    def __init__(self, name: str) -> None:
-        self.__name__ = self.__qualname__ = name
-        self.cname = "struct " + name
-        self.fields = [field for field, _ in ffi.typeof(self.cname).fields]
-        self.__doc__ = (f"A new zero-initialised ``{self.cname}`` with the given fields ({', '.join(self.fields)}), "
-                        "a struct cdata like a ctypes Structure: pass it by value, or ``byref(...)`` where C takes a "
-                        f"pointer; ``({name} * n)()`` makes an array.")
-
-    def __call__(self, *args: Any, **fields: Any) -> Any:
-        if len(args) > len(self.fields):
-            raise TypeError(f"{self.__name__}() takes at most {len(self.fields)} fields ({', '.join(self.fields)}), "
-                            f"got {len(args)}")
-        for field, value in zip(self.fields, args, strict=False):
-            if field in fields:
-                raise TypeError(f"{self.__name__}() got field {field!r} twice")
-            fields[field] = value
-        unknown = sorted(set(fields) - set(self.fields))
-        if unknown:
-            raise TypeError(f"{self.__name__}() has no field {', '.join(unknown)} "
-                            f"(its fields: {', '.join(self.fields)})")
-        # the struct of an owning pointer co-owns its memory (cffi), so it lives as long as it is used
-        return ffi.new(self.cname + " *", fields)[0]
-
-    def __mul__(self, n: int) -> Callable[..., Any]:
-        if not isinstance(n, int) or n < 0:
-            raise TypeError(f"{self.__name__} * n needs a count n >= 0, got {n!r}")
-        cname = f"{self.cname}[{n}]"
-
-        def array(*items: Any) -> Any:
-            if len(items) > n:
-                raise IndexError(f"{len(items)} items for an array of {n}")
-            return ffi.new(cname, list(items))
-
-        array.__name__ = array.__qualname__ = f"{self.__name__}_Array_{n}"
-        return array
-
-    def __repr__(self) -> str:
-        return f"<llama_cpp struct type {self.__name__}>"
-
-
 def _export_structs() -> list[str]:
     """A constructor for every ``llama_*`` struct whose layout the binding knows (not the opaque handles)."""
     names = []
@@ -219,7 +175,7 @@ def _export_structs() -> list[str]:
             ffi.sizeof("struct " + name)
         except ffi.error:  # opaque: llama_model, llama_context, ...
             continue
-        globals()[name] = _StructType(name)
+        globals()[name] = _calls.StructType(name)
         names.append(name)
     return names
 

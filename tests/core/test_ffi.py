@@ -13,14 +13,16 @@ from scripts import vendor
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_H = REPO / "vendor" / "llama.cpp" / "include" / "llama.h"
+MTMD_HEADERS = [REPO / "vendor" / "llama.cpp" / "tools" / "mtmd" / h for h in ("mtmd.h", "mtmd-helper.h")]
 
 
-def header_functions() -> set[str]:
-    """Every function llama.h declares, read from the header text (not how the builder reads it)."""
-    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", LLAMA_H.read_text(), flags=re.S)
+def header_functions(header: Path = LLAMA_H, api: str = "LLAMA_API", prefix: str = "llama_") -> set[str]:
+    """Every function a header declares, read from the header text (not how the builder reads it)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", header.read_text(), flags=re.S)
+    text = text.split("#ifdef __cplusplus\nstruct mtmd_memory_usage")[0]  # mtmd.h's C++-only declarations
     names = set()
-    for decl in text.split("LLAMA_API")[1:]:
-        m = re.search(r"\b(llama_\w+)\s*\(", decl)
+    for decl in text.split(api)[1:]:
+        m = re.search(rf"\b({prefix}\w+)\s*\(", decl)
         if m:
             names.add(m.group(1))
     return names
@@ -33,6 +35,18 @@ def test_every_llama_h_function_is_reachable() -> None:
     assert not missing, f"declared in llama.h but not in pyllama_moe.ffi.lib: {missing}"
     for n in names:
         assert ffi.typeof(getattr(lib, n)).kind == "function", n
+
+
+def test_every_mtmd_h_function_is_reachable() -> None:
+    # libmtmd is built with the package and declared from its headers as llama.h is (#71)
+    names = set().union(*(header_functions(h, "MTMD_API", "mtmd_") for h in MTMD_HEADERS))
+    names.discard("mtmd_get_memory_usage")  # C++ only (a std::map result)
+    assert {"mtmd_init_from_file", "mtmd_tokenize", "mtmd_helper_eval_chunks"} <= names and len(names) > 60
+    missing = sorted(n for n in names if not hasattr(lib, n))
+    assert not missing, f"declared in mtmd.h / mtmd-helper.h but not in pyllama_moe.ffi.lib: {missing}"
+    assert ffi.offsetof("struct mtmd_context_params", "media_marker") > ffi.offsetof(
+        "struct mtmd_context_params", "image_marker")
+    assert lib.MTMD_INPUT_CHUNK_TYPE_IMAGE == 1
 
 
 def test_struct_layout_comes_from_the_header() -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from pyllama_moe.tools.synth.projector import family_of, write_projector
 from pyllama_moe.tools.synth.shapes import (
     ARCHITECTURES,
     DENSE_TYPES,
@@ -14,6 +15,7 @@ from pyllama_moe.tools.synth.shapes import (
     PRESETS,
     SHAPE_FIELDS,
     Shape,
+    resolve_shape,
 )
 from pyllama_moe.tools.synth.tensors import ROUTINGS, SCALE_SIGNS, Plan, plan
 from pyllama_moe.tools.synth.vocab import VOCAB_ENV
@@ -59,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="split this dense llama or qwen3 model's FFNs into experts (the other options are ignored)")
     real.add_argument("--experts", type=int, default=64, help="experts per layer (default 64)")
     real.add_argument("--used", type=int, default=8, help="experts each token uses (default 8)")
+    ap.add_argument("--mmproj", type=Path, metavar="MMPROJ.gguf",
+                    help="also write a random-weight vision projector for the model here (llama4)")
     ap.add_argument("--plan", action="store_true", help="print the tensors and sizes, write nothing")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return ap
@@ -81,12 +85,17 @@ def main(argv: list[str] | None = None) -> int:
             _print_plan(p)
             return 0
         else:
+            shape = resolve_shape(args.preset, arch=args.arch, **overrides)
+            family = family_of(shape.arch) if args.mmproj is not None else None
             path = write_model(
                 args.output, args.preset, arch=args.arch, vocab_path=args.vocab, expert_type=args.expert_type,
                 skew=args.skew, seed=args.seed, dense_type=args.dense_type, threads=args.threads,
                 scale_signs=args.scale_signs, routing=args.routing,
                 progress=not args.quiet and sys.stderr.isatty(), **overrides,
             )
+            if family is not None:
+                mmproj = write_projector(args.mmproj, shape.n_embd, family, seed=args.seed)
+                print(f"{mmproj}\t{mmproj.stat().st_size} bytes ({family} projector)")
     except (ValueError, FileNotFoundError) as e:
         print(f"synth: error: {e}", file=sys.stderr)
         return 2
