@@ -124,13 +124,13 @@ models() {  # after the build: the writer takes its tokenizer from the vendored 
 }
 
 sanitize() {
-    # the device lookup, the prefetch and the seed under compute-sanitizer: the prefetch uploading every expert, then
-    # the prefetch through the cache (the default) with the prediction's copies on their own stream; seeds checked
-    export GGML_SCHED_PREFETCH_MIN_BATCH=1
+    # the device lookup, the prefetch and the seed under compute-sanitizer (sanitize_decode.py prefetches its small
+    # prompts): the prefetch uploading every expert, then the prefetch through the cache (the default) with the
+    # prediction's copies on their own stream
     local opt arch tool
     for opt in 0 1; do
         for arch in qwen3moe gpt-oss; do
-            LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_PREDICT=$opt LLAMA_MOE_CACHE_SEED_CHECK=1 \
+            LLAMA_MOE_CACHE_PREFETCH=$opt LLAMA_MOE_CACHE_PREDICT=$opt \
                 compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" ci/sanitize_decode.py $arch
         done
     done
@@ -157,9 +157,9 @@ sanitize_hybrid() {
     local share tool
     for share in 1.0 0; do
         for tool in memcheck racecheck synccheck; do
-            echo "gpu.sh: the hybrid at LLAMA_MOE_HYBRID_SHARE=$share under $tool"
-            LLAMA_MOE_HYBRID=1 LLAMA_MOE_HYBRID_SHARE=$share compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
-                ci/sanitize_decode.py qwen3moe
+            echo "gpu.sh: the hybrid at the share $share under $tool"
+            LLAMA_MOE_HYBRID=1 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
+                ci/sanitize_decode.py qwen3moe 2 1 $share
         done
     done
 }

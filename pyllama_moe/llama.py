@@ -253,7 +253,7 @@ class Llama:
             yarn_orig_ctx=yarn_orig_ctx, embedding=embedding, offload_kqv=offload_kqv, flash_attn=flash_attn,
             op_offload=op_offload, swa_full=swa_full, no_perf=no_perf, type_k=type_k, type_v=type_v,
             moe_cache_predict=moe_cache_predict, moe_cache_predict_depth=moe_cache_predict_depth,
-            moe_hybrid=moe_hybrid, n_seq_max=n_seq_max,
+            moe_hybrid=moe_hybrid, n_seq_max=n_seq_max, moe_cache_cpu=moe.cache_on_cpu(),
         )
         self._placed = moe.place(self.model_path, self.model_params, self.context_params,
                                  moe_cache_mib=moe_cache_mib, fit_memory=fit, fit_target_mib=fit_target_mib,
@@ -535,11 +535,10 @@ class Llama:
         prefetch of large ubatches through the cache (off with ``LLAMA_MOE_CACHE_PREFETCH=0``): batched copy calls,
         regions, bytes copied from the cache and uploaded, in all and per large ubatch; ``seed``: the seeds of the
         cache from the experts staged for the last large ubatch of a batch (off with ``LLAMA_MOE_CACHE_SEED=0``):
-        ubatches, experts admitted, bytes copied, layers rolled back, and with ``LLAMA_MOE_CACHE_SEED_CHECK=1``
-        the seeded slots compared with the host experts (``checked``) and those that differ (``check_failed``);
-        ``predicted`` (with ``LLAMA_MOE_CACHE_PREDICT=N``): the experts the device lookups prefetched for the next
-        layer's predicted routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in
-        ``device`` hits) and those evicted unused (``wasted``); ``hybrid`` (``moe_hybrid``): the device lookups'
+        ubatches, experts admitted, bytes copied, layers rolled back; ``predicted`` (with
+        ``LLAMA_MOE_CACHE_PREDICT=N``): the experts the device lookups prefetched for the next layer's predicted
+        routing (``experts``, ``bytes``), those a lookup then found (``used``, also counted in ``device`` hits) and
+        those evicted unused (``wasted``); ``hybrid`` (``moe_hybrid``): the device lookups'
         misses the CPU computed instead of uploading (``experts``, counted in ``device`` misses too), the hand-offs
         that gave it work (``calls``) and its busy time in them (``busy_us``), the split the context chose when it
         was made (``host_max``: the most misses per layer and ubatch the CPU takes, 0 with the hybrid off or where

@@ -103,22 +103,23 @@ def placement_overrides(cpu_moe: bool = False, n_cpu_moe: int = 0,
 
 
 def cache_on_cpu() -> bool:
-    """``LLAMA_MOE_CACHE_CPU=1`` (for tests and dry runs of the GPU scripts): the library lets the CPU backend stand
-    for the MoE cache's device, so the cache, its device lookups and the hybrid decode run without a GPU."""
-    return os.environ.get("LLAMA_MOE_CACHE_CPU", "").strip() == "1"
+    """``PYLLAMA_MOE_CACHE_CPU=1``, a dry run of the GPU scripts in processes of their own (the bench's workers,
+    ``ci/hybrid_check.py``): ``Llama`` makes its contexts with ``moe_cache_cpu``, the CPU backend standing for the MoE
+    cache's device, so the cache, its device lookups and the hybrid decode run without a GPU."""
+    return os.environ.get("PYLLAMA_MOE_CACHE_CPU", "").strip() == "1"
 
 
-def cache_size(moe_cache_mib: int | str) -> int | str:
+def cache_size(moe_cache_mib: int | str, cpu_device: bool = False) -> int | str:
     """Bytes of the device MoE cache, or ``"auto"``; 0 disables it.
 
     Without a GPU, upstream's cache fails the context (llama_moe_cache: "MoE cache requires a GPU
-    backend"); as llama.cpp does for ``-ngl`` without a GPU, the knob is then ignored with a warning (unless
-    ``LLAMA_MOE_CACHE_CPU=1``).
+    backend"); as llama.cpp does for ``-ngl`` without a GPU, the knob is then ignored with a warning (unless the
+    CPU stands for the device: ``cpu_device``, the context's ``moe_cache_cpu``).
     """
     if moe_cache_mib == "auto":
         return "auto"
     size = check_int("moe_cache_mib", moe_cache_mib, 0, 2**44) * MIB
-    if size and not backend.gpu_available() and not cache_on_cpu():
+    if size and not backend.gpu_available() and not cpu_device:
         logger.warning("moe_cache_mib=%d ignored: the MoE cache needs a GPU and none is available", moe_cache_mib)
         return 0
     return size
@@ -377,7 +378,8 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
     if not isinstance(fit_memory, bool):
         raise ValueError(f"fit must be True or False, got {fit_memory!r}")
     _margins(fit_target_mib)  # checked when no fit reads it too: a bad value is not passed over in silence
-    cache = cache_size(moe_cache_mib)
+    cpu_device = bool(cparams.ptr.moe_cache_cpu)
+    cache = cache_size(moe_cache_mib, cpu_device)
     if isinstance(cache, int):  # before the fit, which counts it
         cparams.set_moe_cache_size(cache)
     bpath = os.fsencode(path)
@@ -398,7 +400,7 @@ def place(path: str, mparams: ModelParams, cparams: ContextParams, *, moe_cache_
     if cache_bytes == 0 and cparams.hybrid_asked():  # the library accepts it and does nothing, as for the prediction
         logger.warning("moe_hybrid ignored: the CPU's share of the decode is a share of the MoE cache's misses, and "
                        "there is no cache (moe_cache_mib, on a GPU)")
-    if cache_bytes and cache_on_cpu():  # the cache reads the experts from plain host buffers, not repacked ones
+    if cache_bytes and cpu_device:  # the cache reads the experts from plain host buffers, not repacked ones
         mparams.set_extra_bufts(False)
     cache_load_mode(path, mparams, cache_bytes)
     return Placement(cache_bytes=cache_bytes, load_mode=int(mparams.ptr.load_mode), batch=batch)
@@ -409,16 +411,15 @@ _PATHS = ("small", "large", "device")
 
 # as_dict's groups past the lookup paths, key -> C field: experts copied for large ubatches; the prefetch of large
 # ubatches through the cache (LLAMA_MOE_CACHE_PREFETCH=0: off); the seeds from the experts staged for the last large
-# ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off), checked slots with LLAMA_MOE_CACHE_SEED_CHECK=1; the experts the
-# device lookups prefetched for the next layer's predicted routing (LLAMA_MOE_CACHE_PREDICT=N), those a lookup then
-# found, those evicted unused; the hybrid decode (moe_hybrid): the device lookups' misses the CPU computed instead of
-# uploading, the hand-offs that gave it work and its busy time in them, and the split (host_max, the rates it follows)
+# ubatch of a batch (LLAMA_MOE_CACHE_SEED=0: off); the experts the device lookups prefetched for the next layer's
+# predicted routing (LLAMA_MOE_CACHE_PREDICT=N), those a lookup then found, those evicted unused; the hybrid decode
+# (moe_hybrid): the device lookups' misses the CPU computed instead of uploading, the hand-offs that gave it work and
+# its busy time in them, and the split (host_max, the rates it follows)
 _GROUPS = {
     "copied": {"experts": "n_copied", "bytes": "bytes_copied"},
     "prefetch": {"ubatches": "n_ubatch_large", "calls": "n_prefetch_calls", "regions": "n_prefetch_regions",
                  "bytes_cache": "bytes_prefetch_cache", "bytes_host": "bytes_prefetch_host"},
-    "seed": {"ubatches": "n_seed_ubatch", "experts": "n_seeded", "bytes": "bytes_seeded", "dropped": "n_seed_dropped",
-             "checked": "n_seed_checked", "check_failed": "n_seed_check_failed"},
+    "seed": {"ubatches": "n_seed_ubatch", "experts": "n_seeded", "bytes": "bytes_seeded", "dropped": "n_seed_dropped"},
     "predicted": {"experts": "n_predicted", "used": "n_predicted_used", "wasted": "n_predicted_wasted",
                   "bytes": "bytes_predicted"},
     "hybrid": {"experts": "n_host", "calls": "n_host_calls", "busy_us": "host_busy_us", "host_max": "host_max",
@@ -461,8 +462,6 @@ class MoeCacheStats:
     n_seeded: int = 0
     bytes_seeded: int = 0
     n_seed_dropped: int = 0
-    n_seed_checked: int = 0
-    n_seed_check_failed: int = 0
     n_predicted: int = 0
     n_predicted_used: int = 0
     n_predicted_wasted: int = 0

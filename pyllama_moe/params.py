@@ -43,6 +43,14 @@ def check_float(name: str, value: Any, lo: float | None = None) -> float:
     return float(value)
 
 
+def check_share(value: Any) -> float:
+    """``moe_hybrid_share``: a fraction of the misses, 0 to 1."""
+    share = check_float("moe_hybrid_share", value, 0.0)
+    if share > 1.0:
+        raise ValueError(f"moe_hybrid_share must be at most 1, got {share}")
+    return share
+
+
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -397,7 +405,14 @@ class ContextParams:
         moe_cache_predict: int | None = None,
         moe_cache_predict_depth: int | None = None,
         moe_hybrid: bool | str | None = None,
+        prefetch_min_batch: int | None = None,
+        moe_hybrid_share: float | None = None,
+        moe_cache_cpu: bool = False,
     ) -> None:
+        """The keywords as ``Llama``'s, and three fields no ``Llama`` keyword sets: ``prefetch_min_batch`` (the
+        fewest tokens of a ubatch whose host weights the scheduler prefetches; None: the library's 256), and for
+        tests ``moe_hybrid_share`` (the share of each layer's misses the CPU takes whatever the rates, 0 to 1; None:
+        from the rates) and ``moe_cache_cpu`` (the CPU backend stands for the MoE cache's device)."""
         p = self.ptr = ffi.new("struct llama_context_params *", lib.llama_context_default_params())
         p.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
         p.n_batch = check_int("n_batch", n_batch, 1, 2**32 - 1)
@@ -446,6 +461,11 @@ class ContextParams:
         self._moe_hybrid = moe_hybrid_mode(moe_hybrid)
         if self._moe_hybrid is not None:  # None: the library's default (off)
             p.moe_hybrid = self._moe_hybrid
+        if prefetch_min_batch is not None:
+            p.prefetch_min_batch = check_int("prefetch_min_batch", prefetch_min_batch, 0, 2**32 - 1)
+        if moe_hybrid_share is not None:
+            p.moe_hybrid_share = check_share(moe_hybrid_share)
+        p.moe_cache_cpu = check_bool("moe_cache_cpu", moe_cache_cpu)
 
     def hybrid_asked(self) -> bool:
         """Whether ``moe_hybrid`` asked for the CPU's share (on or auto), which needs a MoE cache."""

@@ -1,9 +1,10 @@
 """The report header names the build under test (series, backends, devices); GPU tests skip without a GPU.
 
 ``PYLLAMA_MOE_GPU_TESTS_ON_CPU=1`` runs them without one, the CPU standing for the MoE cache's device
-(``LLAMA_MOE_CACHE_CPU=1``): a dry run of a GPU window's tests (their fixtures, their expectations of the device
-lookups, the prediction and the hybrid decode). Tests of the host path's counts (small and large lookups, seeds,
-prefetch staging) fail there by design: the CPU device's host lookups read the host experts without the cache.
+(``PYLLAMA_MOE_CACHE_CPU=1``: every context is made with ``moe_cache_cpu``): a dry run of a GPU window's tests
+(their fixtures, their expectations of the device lookups, the prediction and the hybrid decode). Tests of the host
+path's counts (small and large lookups, seeds, prefetch staging) fail there by design: the CPU device's host lookups
+read the host experts without the cache.
 
 The shared fixtures and helpers are the ``fixtures`` package beside this file, loaded as plugins. This folder has
 no ``__init__.py``: pytest's default import mode (prepend) puts it first on ``sys.path`` when it imports this file,
@@ -28,7 +29,7 @@ pytest_plugins = ["fixtures.models", "fixtures.native"]
 
 GPU_TESTS_ON_CPU = os.environ.get("PYLLAMA_MOE_GPU_TESTS_ON_CPU") == "1"
 if GPU_TESTS_ON_CPU:
-    os.environ["LLAMA_MOE_CACHE_CPU"] = "1"
+    os.environ["PYLLAMA_MOE_CACHE_CPU"] = "1"
 
 
 def _native() -> bool:

@@ -1,5 +1,5 @@
 """The MoE cache's device lookups over every MoE architecture synth writes, without a GPU (#42):
-``LLAMA_MOE_CACHE_CPU=1`` lets the CPU stand for the device, the lookup op's CPU reference serving the decode steps.
+``moe_cache_cpu`` lets the CPU stand for the device, the lookup op's CPU reference serving the decode steps.
 The GPU's matrix (tests/gpu/test_architectures.py) on the CPU: the host path (the model's own experts there), the device
 lookups, the switches, caches that evict at every step, hold half or all of the experts, decode ubatches of 1 to 32
 tokens in turn, with the prediction of the next MoE layer's experts off and at 2: the same tokens and logits byte for
@@ -17,11 +17,12 @@ import pytest
 from pyllama_moe.gguf_info import GGUFInfo
 
 from fixtures.archs import EVICTS, HOLDS, MOE_ARCHS, check_prediction, check_switches, chunks, tiny
+from fixtures.native import context_fields
 
 
 @pytest.fixture(autouse=True)
 def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+    context_fields(monkeypatch, moe_cache_cpu=True)
     yield
 
 
@@ -60,7 +61,7 @@ def test_hybrid_on_the_cpu_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.delenv("LLAMA_MOE_HYBRID", raising=False)
     want, _ = chunks(monkeypatch, path, half, "1", "2")
     monkeypatch.setenv("LLAMA_MOE_HYBRID", "1")
-    monkeypatch.setenv("LLAMA_MOE_HYBRID_SHARE", "1.0")
+    context_fields(monkeypatch, moe_hybrid_share=1.0)
     got, stats = chunks(monkeypatch, path, half, "1", "2")
     assert stats is not None and stats.host_max > 0, arch
     if arch in HYBRID_UPLOADS:

@@ -1,4 +1,4 @@
-"""Hybrid decode (#41) end to end without a GPU: ``LLAMA_MOE_CACHE_CPU=1`` lets the CPU backend stand for the MoE
+"""Hybrid decode (#41) end to end without a GPU: ``moe_cache_cpu`` lets the CPU backend stand for the MoE
 cache's device (its ops' CPU references look up the cache and hand the CPU its share), so every step of the hybrid's
 graph runs here: the lookup leaving misses to the CPU, the selections' weights zeroed on the device side, the CPU's
 graph over the host experts, the add. Through the C API, as ``Llama`` refuses a MoE cache without a GPU.
@@ -29,16 +29,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for k in ("LLAMA_MOE_HYBRID", "LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_CACHE_DEVICE"):
+def switches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for k in ("LLAMA_MOE_HYBRID", "LLAMA_MOE_CACHE_DEVICE"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
     lib.llama_backend_init()
     yield
 
 
-def decode(path: Path, cache_mib: int, hybrid: int) -> tuple[np.ndarray, dict[str, int]]:
-    """The logits of N_TOKENS tokens decoded one a step, and the cache's counts."""
+def decode(path: Path, cache_mib: int, hybrid: int, share: float = -1.0) -> tuple[np.ndarray, dict[str, int]]:
+    """The logits of N_TOKENS tokens decoded one a step, the CPU standing for the device (``moe_cache_cpu``) and
+    taking ``share`` of the misses with the hybrid on (negative: what the rates say), and the cache's counts."""
     mp = lib.llama_model_default_params()
     mp.n_gpu_layers = 0
     mp.use_extra_bufts = False  # the experts in plain host buffers, as the cache reads them
@@ -49,6 +49,8 @@ def decode(path: Path, cache_mib: int, hybrid: int) -> tuple[np.ndarray, dict[st
         cp.n_ctx, cp.n_batch, cp.n_threads = 256, 64, 2
         cp.moe_cache_size = cache_mib << 20
         cp.moe_hybrid = hybrid
+        cp.moe_hybrid_share = share
+        cp.moe_cache_cpu = True
         ctx = lib.llama_init_from_model(m, cp)
         assert ctx != ffi.NULL
         try:
@@ -78,15 +80,13 @@ def test_the_cache_on_the_cpu_device_is_the_model_without_it(model: Path) -> Non
     assert (counts["n_host"], counts["n_host_calls"], counts["host_max"]) == (0, 0, 0), counts
 
 
-@pytest.mark.parametrize("share", ["1.0", "0.5"])
-def test_the_cpu_takes_its_share_and_the_results_stay(model: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       share: str) -> None:
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_the_cpu_takes_its_share_and_the_results_stay(model: Path, share: float) -> None:
     ref, _ = decode(model, CACHE_MIB, lib.LLAMA_MOE_HYBRID_OFF)
-    monkeypatch.setenv("LLAMA_MOE_HYBRID_SHARE", share)
-    got, counts = decode(model, CACHE_MIB, lib.LLAMA_MOE_HYBRID_ON)
+    got, counts = decode(model, CACHE_MIB, lib.LLAMA_MOE_HYBRID_ON, share)
     assert counts["host_max"] == 4 and counts["n_host"] > 0 and counts["n_host_calls"] > 0, counts
     assert counts["n_host"] <= N_TOKENS * 2 * counts["host_max"], counts  # 2 MoE layers, one token a ubatch
-    if share == "0.5":
+    if share == 0.5:
         assert counts["hits_device"] + counts["misses_device"] > 0, counts  # the cache still serves the rest
     # the same kernels on both sides: within rounding (the order of the experts' sum), in practice equal. The selections
     # left to the CPU read a held slot on the device side: were their weights not zeroed there, they would count twice
@@ -94,3 +94,16 @@ def test_the_cpu_takes_its_share_and_the_results_stay(model: Path, monkeypatch: 
     err = np.abs(got - ref).max(axis=1) / ref.std(axis=1)
     assert float((got.argmax(axis=1) == ref.argmax(axis=1)).mean()) == 1.0
     assert float(err.max()) < 1e-3, float(err.max())
+
+
+@pytest.mark.parametrize("value, asked, on", [("auto", "off", True), ("2", "off", True), ("1", "off", True),
+                                              ("0", "on", False), ("garbage", "off", False), ("3", "off", False),
+                                              ("garbage", "on", True)])
+def test_the_switch_overrides_the_context(model: Path, monkeypatch: pytest.MonkeyPatch, value: str, asked: str,
+                                          on: bool) -> None:
+    # LLAMA_MOE_HYBRID=0, 1, 2 or auto overrides the context's moe_hybrid; another value is named in an error and
+    # ignored, the context's kept. The hybrid made (on or auto) measures its rates: host_max is the CPU's most a layer
+    monkeypatch.setenv("LLAMA_MOE_HYBRID", value)
+    hybrid = lib.LLAMA_MOE_HYBRID_ON if asked == "on" else lib.LLAMA_MOE_HYBRID_OFF
+    _, counts = decode(model, CACHE_MIB, hybrid)
+    assert (counts["host_max"] > 0) == on, counts

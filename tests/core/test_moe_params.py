@@ -14,6 +14,8 @@ from pyllama_moe.ffi import lib
 from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.llama import Llama
 
+from fixtures.native import context_fields
+
 OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
 
 
@@ -138,10 +140,16 @@ def test_moe_cache_without_gpu_warns_and_runs(caplog: pytest.LogCaptureFixture, 
     assert any("moe_cache_mib=64 ignored" in r.getMessage() for r in caplog.records)
 
 
-def test_moe_cache_on_the_cpu_standing_for_the_device(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    # LLAMA_MOE_CACHE_CPU=1 (tests, dry runs): Llama keeps the cache, with the experts in plain host buffers
-    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+@pytest.mark.parametrize("how", ["field", "dry run"])
+def test_moe_cache_on_the_cpu_standing_for_the_device(monkeypatch: pytest.MonkeyPatch, path: Path, how: str) -> None:
+    # the context field moe_cache_cpu (tests), or PYLLAMA_MOE_CACHE_CPU=1 (a dry run, which sets it): Llama keeps the
+    # cache, with the experts in plain host buffers
+    if how == "field":
+        context_fields(monkeypatch, moe_cache_cpu=True)
+    else:
+        monkeypatch.setenv("PYLLAMA_MOE_CACHE_CPU", "1")
     with Llama(str(path), n_ctx=64, moe_cache_mib=1, cpu_moe=True, verbose=False) as llm:
+        assert llm.context_params.ptr.moe_cache_cpu
         assert llm.context_params.ptr.moe_cache_size == 1 << 20
         assert not llm.model_params.ptr.use_extra_bufts
         assert llm("a", max_tokens=4, temperature=0)["usage"]["completion_tokens"] >= 1

@@ -57,6 +57,25 @@ def test_thread_counts_are_bounded_by_the_machine() -> None:
                 ContextParams(n_ctx=64, n_batch=32, n_ubatch=32, **{name: bad})
 
 
+def test_the_fields_no_keyword_sets() -> None:
+    # prefetch_min_batch, and for tests moe_hybrid_share and moe_cache_cpu: the library's defaults unless given (the
+    # scheduler's min batch 256, the share from the measured rates, a GPU for the cache), checked when given
+    default = lib.llama_context_default_params()
+    assert (default.prefetch_min_batch, default.moe_hybrid_share, default.moe_cache_cpu) == (256, -1.0, False)
+    cp = ContextParams(n_ctx=64, n_batch=32, n_ubatch=32)
+    assert (cp.ptr.prefetch_min_batch, cp.ptr.moe_hybrid_share, cp.ptr.moe_cache_cpu) == (256, -1.0, False)
+    cp = ContextParams(n_ctx=64, n_batch=32, n_ubatch=32, prefetch_min_batch=1, moe_hybrid_share=0.5,
+                       moe_cache_cpu=True)
+    assert (cp.ptr.prefetch_min_batch, cp.ptr.moe_hybrid_share, cp.ptr.moe_cache_cpu) == (1, 0.5, True)
+    for name, bad, match in (("prefetch_min_batch", -1, "must be in"),
+                             ("prefetch_min_batch", 1.5, "must be an integer"),
+                             ("moe_hybrid_share", 1.5, "must be at most 1"), ("moe_hybrid_share", -0.5, "must be >= 0"),
+                             ("moe_hybrid_share", float("nan"), "must be a finite number"),
+                             ("moe_cache_cpu", 1, "must be True or False")):
+        with pytest.raises(ValueError, match=f"{name} {match}"):
+            ContextParams(n_ctx=64, n_batch=32, n_ubatch=32, **{name: bad})
+
+
 SMT = "\n\n".join(f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i % 4}\n" for i in range(8))
 
 

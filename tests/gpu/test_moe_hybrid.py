@@ -7,8 +7,8 @@ measures its rates.
 
 The models (qwen3moe, and gpt-oss with its biases and clamped activation): 76 experts (4 a token), about 2 MiB of
 experts in one MoE layer or two: a cache of 1 MiB holds about half of them, so decode steps miss.
-``LLAMA_MOE_HYBRID_SHARE=1.0`` makes the CPU take every miss up to its most per layer and ubatch, whatever the rates
-measured on this machine (on a model this small the upload may well be the faster)."""
+The context field ``moe_hybrid_share=1.0`` makes the CPU take every miss up to its most per layer and ubatch, whatever
+the rates measured on this machine (on a model this small the upload may well be the faster)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,14 @@ from pyllama_moe import Llama
 from pyllama_moe.gguf_info import GGUFInfo
 from pyllama_moe.moe import MoeCacheStats
 
+from fixtures.native import context_fields
+
 pytestmark = pytest.mark.gpu
 N_POSITIONS = 128
 CACHE_MIB = 1
-# the environment each run starts from: the library's defaults (device lookups, the prediction at 2, no forced share)
-SWITCHES = ("LLAMA_MOE_HYBRID_SHARE", "LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREDICT")
-FORCED = {"LLAMA_MOE_HYBRID_SHARE": "1.0"}
+# the environment each run starts from: the library's defaults (device lookups, the prediction at 2)
+SWITCHES = ("LLAMA_MOE_CACHE_DEVICE", "LLAMA_MOE_CACHE_PREDICT")
+FORCED = 1.0  # the CPU's share of the misses (moe_hybrid_share)
 # How close is close. The CPU's part differs from the GPU's by its kernels' rounding: the CPU quantizes the layer's
 # input to q8_0 where CUDA takes q8_1, and the GPU's matrix-vector kernels sum in another order. On these random-weight
 # models, whose logits are full of near ties, that is not small: on an H100, with every miss on the CPU and one MoE
@@ -70,16 +72,16 @@ def tokens(bos: int) -> list[int]:
 UNSET = object()
 
 
-def forced(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None,
+def forced(path: Path, hybrid: Any = UNSET, share: float | None = None,
            cache_mib: int = CACHE_MIB) -> tuple[np.ndarray, MoeCacheStats | None]:
     """The logits of every position of :func:`tokens` decoded one token a step (device lookups) through a cache of
     half the experts (``cache_mib=0``: none, the CPU computing every expert), with ``moe_hybrid`` as given (not
-    passed at all: UNSET) and ``env`` set, and the cache's counts."""
+    passed at all: UNSET) and the CPU's ``share`` forced where given, and the cache's counts."""
     with pytest.MonkeyPatch.context() as mp:
         for k in SWITCHES:
             mp.delenv(k, raising=False)
-        for k, v in (env or {}).items():
-            mp.setenv(k, v)  # read when the context is made
+        if share is not None:
+            context_fields(mp, moe_hybrid_share=share)
         kwargs = {} if hybrid is UNSET else {"moe_hybrid": hybrid}
         with Llama(str(path), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=cache_mib,
                    logits_all=True, verbose=False, **kwargs) as llm:
@@ -91,8 +93,8 @@ def forced(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None,
     return logits, stats
 
 
-def cached(path: Path, hybrid: Any = UNSET, env: dict[str, str] | None = None) -> tuple[np.ndarray, MoeCacheStats]:
-    logits, stats = forced(path, hybrid, env)
+def cached(path: Path, hybrid: Any = UNSET, share: float | None = None) -> tuple[np.ndarray, MoeCacheStats]:
+    logits, stats = forced(path, hybrid, share)
     assert stats is not None
     return logits, stats
 

@@ -114,13 +114,12 @@ def test_fit_with_cache_keeps_the_prefetch(tmp_path: Path) -> None:
     assert out["used"] <= out["budget"] + (128 << 20), out
 
 
-def test_two_contexts_copy_experts_each(monkeypatch: pytest.MonkeyPatch, tiny: Path) -> None:
-    # #26 item 5: where the device cannot map memory-mapped experts (forced with LLAMA_MOE_CACHE_MATERIALIZE=2), each
-    # context's cache copies them into memory of its own; the model's tensors are never repointed, so contexts created
-    # and run from four threads at once on one model give the logits of one context alone, byte for byte
+def test_contexts_on_one_memory_mapped_model(tiny: Path) -> None:
+    # #26 item 5: each context's cache maps the memory-mapped experts for its device lookups or, where the device
+    # cannot map them, copies them into memory of its own; the model's tensors are never repointed, so contexts
+    # created and run from four threads at once on one model give the logits of one context alone, byte for byte
     import threading
 
-    monkeypatch.setenv("LLAMA_MOE_CACHE_MATERIALIZE", "2")
     with model(tiny, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_MMAP) as m:
         alone_tokens, alone_logits = greedy(m, LONG_PROMPT, 24, moe_cache_size=8 << 20)
         results: list[tuple[list[int], np.ndarray]] = []

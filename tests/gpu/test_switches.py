@@ -13,7 +13,7 @@ from pyllama_moe.errors import ContextError
 from pyllama_moe.ffi import lib
 from pyllama_moe.llama import Llama
 
-from fixtures.native import greedy, model
+from fixtures.native import context_fields, greedy, model
 
 pytestmark = pytest.mark.gpu
 SWITCHES = ("GGML_SCHED_ASYNC_INPUTS", "GGML_SCHED_PREFETCH")
@@ -36,7 +36,7 @@ def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def runs(monkeypatch: pytest.MonkeyPatch, m: object) -> dict[tuple[str, ...], tuple[list[int], np.ndarray]]:
     """Greedy tokens and logits for every combination of the switches (each context reads them at creation)."""
-    monkeypatch.setenv("GGML_SCHED_PREFETCH_MIN_BATCH", "1")  # prefetch even the small test batches
+    context_fields(monkeypatch, prefetch_min_batch=1)  # prefetch even the small test batches
     out = {}
     for off in itertools.chain.from_iterable(itertools.combinations(SWITCHES, k) for k in range(len(SWITCHES) + 1)):
         for sw in SWITCHES:

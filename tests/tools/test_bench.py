@@ -543,9 +543,10 @@ def test_api_rows_carry_the_split_to_the_json(tiny: Path) -> None:
 def test_cache_setups_run_where_the_cpu_stands_for_the_device(tiny: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    # LLAMA_MOE_CACHE_CPU=1: the cache's setups (and the hybrid's) run their Python paths on the CPU, a dry run of
-    # the GPU window's bench; without it they are skipped for want of a GPU
-    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+    # PYLLAMA_MOE_CACHE_CPU=1: the cache's setups (and the hybrid's) run their Python paths on the CPU, in the
+    # workers' contexts made with moe_cache_cpu, a dry run of the GPU window's bench; without it they are skipped for
+    # want of a GPU
+    monkeypatch.setenv("PYLLAMA_MOE_CACHE_CPU", "1")
     out = tmp_path / "bench.json"
     rc = bench.main([str(tiny), "--setups", "cache-50,cache-50-hybrid", "--pp", "32", "--ub", "32", "--tg", "8",
                      "--reps", "1", "--no-native", "--json", str(out)])

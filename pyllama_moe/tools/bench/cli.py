@@ -259,7 +259,7 @@ def _run(p: Params) -> Result:
 
     args = p.args
     gpu = backend.gpu_available()
-    cache = gpu or moe.cache_on_cpu()  # LLAMA_MOE_CACHE_CPU=1: the cache's setups run on the CPU (a dry run)
+    cache = gpu or moe.cache_on_cpu()  # PYLLAMA_MOE_CACHE_CPU=1: the cache's setups run on the CPU (a dry run)
     res = Result(args.model, routing_regime(args.model), args.dense)
     if args.ttft:  # the bound's bandwidth, measured before the runs where it is not given
         if args.h2d_gbps is None and gpu:

@@ -12,7 +12,7 @@
 //   - with the wait alone (no clear);
 //   - with the second kernel polling the flag itself (a value per layer, nothing to clear).
 // Not part of the product. On the GPU machine:
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/wait_probe ci/wait_probe.cu -lcuda && /tmp/wait_probe
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/wait_probe probes/wait_probe.cu -lcuda && /tmp/wait_probe
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -12,7 +12,7 @@
 // over three kinds of host memory: cudaHostAlloc, and anonymous memory registered with cudaHostRegister (as the cache
 // maps its host copy of the experts), with and without transparent huge pages.
 //
-// Not part of the product. On the GPU machine: nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/copy_probe ci/copy_probe.cu
+// Not part of the product. On the GPU machine: nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/copy_probe probes/copy_probe.cu
 // && /tmp/copy_probe
 #include <cuda_runtime.h>
 #include <sys/mman.h>

@@ -9,7 +9,7 @@
 //   - both at once, 4 and 8 threads: each one's rate while the other runs.
 //
 // Not part of the product. On the GPU machine: nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -march=native
-// -o /tmp/hostbw_probe ci/hostbw_probe.cu && /tmp/hostbw_probe
+// -o /tmp/hostbw_probe probes/hostbw_probe.cu && /tmp/hostbw_probe
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 

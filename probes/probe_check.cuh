@@ -1,4 +1,4 @@
-// The probes' (ci/*_probe.cu) check of a CUDA runtime call: a failure prints the call and ends the probe.
+// The probes' (probes/*_probe.cu) check of a CUDA runtime call: a failure prints the call and ends the probe.
 #pragma once
 
 #include <cuda_runtime.h>
