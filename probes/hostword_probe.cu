@@ -13,7 +13,7 @@
 //   - spin: A and B launched together, B spinning (up to 20 ms) until it reads HOST(i), the host thread writing it
 //     when it sees DEV(i), as the hybrid's poll thread does; B records what it saw last and whether it timed out.
 // A row with stale reads > 0 is a read the hand-off cannot use. Not part of the product. On the GPU machine:
-//   nvcc -O3 -std=c++20 -arch=sm_90 -o /tmp/hostword_probe ci/hostword_probe.cu && /tmp/hostword_probe
+//   nvcc -O3 -std=c++20 -arch=sm_90 -o /tmp/hostword_probe probes/hostword_probe.cu && /tmp/hostword_probe
 #include <cuda_runtime.h>
 
 #include <atomic>
