@@ -687,7 +687,7 @@ def test_ttft_of_cache_setups_where_the_cpu_stands_for_the_device(tiny: Path, tm
     from pyllama_moe.tools import synth
 
     model = synth.write_model(tmp_path / "wide.gguf", "tiny", seed=3, n_expert=32, n_ff_exp=512)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_CPU", "1")
+    monkeypatch.setenv("PYLLAMA_MOE_CACHE_CPU", "1")
     out = tmp_path / "bench.json"
     rc = bench.main([str(model), "--setups", "cache-50", "--pp", "64", "--ub", "32", "--tg", "4", "--reps", "1",
                      "--ttft", "--json", str(out)])
