@@ -24,10 +24,10 @@ __all__ = ["Batches", "Choice", "Facts", "Room", "TARGET_UBATCH", "UNSET", "choo
 LLAMA_CPP_PYTHON_BATCH: Final = 512
 
 # The ubatch chosen where the experts come from host memory. Measured on one H100 (PCIe gen5, 55 GB/s pinned upload),
-# the synthetic 30b-a3b model (48 layers of 128 experts of 2.53 MiB, 16.3 GB uploaded per ubatch), prompts of 8192
-# and 32768 tokens: cpu_moe at ub 512 1587 tokens/s (a cache of 25%: 2215), at ub 2048 6142-6213 tokens/s, all on
-# the GPU 6387 (docs/performance.md). A larger ubatch nears the compute bound further at twice the compute buffer;
-# 4096 is not measured yet.
+# the synthetic 30b-a3b model (48 layers of 128 experts of 2.53 MiB, 16.3 GB uploaded per ubatch): a prompt of 512
+# at ub 512 1587 tokens/s with cpu_moe (a cache of 25%: 2215; all on the GPU 6387), prompts of 8192 and 32768 at
+# ub 2048 6142-6213 tokens/s (docs/performance.md, 2026-12-07). A larger ubatch nears the compute bound further at
+# twice the compute buffer; 4096 is not measured yet.
 TARGET_UBATCH: Final = 2048
 
 # How much of itself an auto-sized MoE cache (moe_cache_mib="auto", alone or with fit) gives to a larger compute
