@@ -75,6 +75,7 @@ class Clock:
             raise ValueError(f"protect must be one of {PROTECTS}, not {protect!r}")
         self.n_slots = n_slots
         self.protect = protect
+        self.count_max = 1  # a reference bit: the hand clears it
         self.owner: list[Key | None] = [None] * n_slots
         self.ref = [0] * n_slots
         self.pin = [0] * n_slots  # the last epoch whose lookups may not take the slot
@@ -101,15 +102,16 @@ class Clock:
             self._use(s, key)
 
     def _take(self) -> int | None:
-        """The first slot from the hand that is neither pinned nor referenced (None after two rounds)."""
-        for _ in range(2 * self.n_slots):
+        """The first slot from the hand that is neither pinned nor referenced, the hand taking one off each reference
+        it passes (None after count_max + 1 rounds)."""
+        for _ in range((self.count_max + 1) * self.n_slots):
             s = self.hand
             self.hand = (s + 1) % self.n_slots
             self.stats.steps += 1
             if self.pin[s] >= self.epoch:
                 continue
             if self.ref[s]:
-                self.ref[s] = 0
+                self.ref[s] -= 1
                 continue
             return s
         return None
@@ -178,18 +180,6 @@ class FreqClock(Clock):
     def _fill(self, s: int, key: Key, prefetch: bool) -> None:
         self.ref[s] = 0 if prefetch and self.protect == "pin" else 1
 
-    def _take(self) -> int | None:
-        for _ in range((self.count_max + 1) * self.n_slots):
-            s = self.hand
-            self.hand = (s + 1) % self.n_slots
-            self.stats.steps += 1
-            if self.pin[s] >= self.epoch:
-                continue
-            if self.ref[s]:
-                self.ref[s] -= 1
-                continue
-            return s
-        return None
 
 
 CLASS_HALF_LIFE = 128.0  # tokens
