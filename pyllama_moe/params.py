@@ -407,12 +407,15 @@ class ContextParams:
         moe_hybrid: bool | str | None = None,
         prefetch_min_batch: int | None = None,
         moe_hybrid_share: float | None = None,
+        moe_hybrid_delay_us: int | None = None,
         moe_cache_cpu: bool = False,
     ) -> None:
-        """The keywords as ``Llama``'s, and three fields no ``Llama`` keyword sets: ``prefetch_min_batch`` (the
+        """The keywords as ``Llama``'s, and four fields no ``Llama`` keyword sets: ``prefetch_min_batch`` (the
         fewest tokens of a ubatch whose host weights the scheduler prefetches; None: the library's 256), and for
         tests ``moe_hybrid_share`` (the share of each layer's misses the CPU takes whatever the rates, 0 to 1; None:
-        from the rates) and ``moe_cache_cpu`` (the CPU backend stands for the MoE cache's device)."""
+        from the rates), ``moe_hybrid_delay_us`` (the CPU waits this long before it writes each layer's part: a
+        hand-off that does not wait for it shows) and ``moe_cache_cpu`` (the CPU backend stands for the MoE cache's
+        device)."""
         p = self.ptr = ffi.new("struct llama_context_params *", lib.llama_context_default_params())
         p.n_ctx = check_int("n_ctx", n_ctx, 0, 2**32 - 1)
         p.n_batch = check_int("n_batch", n_batch, 1, 2**32 - 1)
@@ -465,6 +468,8 @@ class ContextParams:
             p.prefetch_min_batch = check_int("prefetch_min_batch", prefetch_min_batch, 0, 2**32 - 1)
         if moe_hybrid_share is not None:
             p.moe_hybrid_share = check_share(moe_hybrid_share)
+        if moe_hybrid_delay_us is not None:
+            p.moe_hybrid_delay_us = check_int("moe_hybrid_delay_us", moe_hybrid_delay_us, 0, 2**31 - 1)
         p.moe_cache_cpu = check_bool("moe_cache_cpu", moe_cache_cpu)
 
     def hybrid_asked(self) -> bool:

@@ -12,6 +12,9 @@ the rates measured on this machine (on a model this small the upload may well be
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +76,7 @@ UNSET = object()
 
 
 def forced(path: Path, hybrid: Any = UNSET, share: float | None = None,
-           cache_mib: int = CACHE_MIB) -> tuple[np.ndarray, MoeCacheStats | None]:
+           cache_mib: int = CACHE_MIB, delay_us: int = 0) -> tuple[np.ndarray, MoeCacheStats | None]:
     """The logits of every position of :func:`tokens` decoded one token a step (device lookups) through a cache of
     half the experts (``cache_mib=0``: none, the CPU computing every expert), with ``moe_hybrid`` as given (not
     passed at all: UNSET) and the CPU's ``share`` forced where given, and the cache's counts."""
@@ -82,6 +85,8 @@ def forced(path: Path, hybrid: Any = UNSET, share: float | None = None,
             mp.delenv(k, raising=False)
         if share is not None:
             context_fields(mp, moe_hybrid_share=share)
+        if delay_us:
+            context_fields(mp, moe_hybrid_delay_us=delay_us)
         kwargs = {} if hybrid is UNSET else {"moe_hybrid": hybrid}
         with Llama(str(path), n_ctx=256, n_gpu_layers=-1, cpu_moe=True, load_mode="none", moe_cache_mib=cache_mib,
                    logits_all=True, verbose=False, **kwargs) as llm:
@@ -167,3 +172,30 @@ def test_auto_measures_its_rates(moe: Path, reference: tuple[np.ndarray, MoeCach
         assert stats.n_host == 0 and logits.tobytes() == reference[0].tobytes(), stats
     else:
         assert_close(logits, reference[0], cpu_gap, "moe_hybrid='auto'")
+
+
+# the host thread's wait before it writes each layer's part (moe_hybrid_delay_us): far longer than a layer's kernels
+DELAY_US = 3000
+
+
+@pytest.mark.parametrize("graphs", ["on", "off"])
+def test_hand_off_waits_for_the_cpu(moe: Path, graphs: str, request: pytest.FixtureRequest) -> None:
+    """The device's add waits for the CPU's part (#69): with the CPU 3 ms slower to write each layer's part, the
+    logits are the same, byte for byte, in CUDA graphs (captured, replayed every token) and outside them; and the
+    same run twice gives the same logits. An add that read the part before the host wrote it would add the last
+    layer's (ci/gpu_session.steps' ``hybrid-nowait`` shows this test failing with the wait taken out)."""
+    if graphs == "off" and os.environ.get("GGML_CUDA_DISABLE_GRAPHS") is None:
+        # ggml-cuda reads its switch once a process: this case runs in a child with it set
+        env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                            request.node.nodeid], cwd=request.config.rootpath, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        return
+    fast, stats = cached(moe, True, FORCED)
+    assert stats.n_host > 0, stats  # the CPU had a part to be late with
+    again, _ = cached(moe, True, FORCED)
+    assert np.array_equal(fast, again), "the same hybrid run twice gave other logits"
+    slow, slow_stats = forced(moe, True, FORCED, delay_us=DELAY_US)
+    assert slow_stats is not None and slow_stats.n_host == stats.n_host, (slow_stats, stats)
+    bad = np.flatnonzero((slow != fast).any(axis=1))
+    assert bad.size == 0, f"the logits differ with the CPU {DELAY_US} us slower a layer at positions {bad[:8]}"
