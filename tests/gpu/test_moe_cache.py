@@ -73,18 +73,19 @@ def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, 
     # that the next MoE layer's router picks on layer l's input are scored and copied on a stream of their own, and
     # that layer's lookup finds them.
     # Only what the slots hold changes: 128 greedy tokens and their logits are those without the prediction, byte for
-    # byte, with a cache that evicts at every step (32 KiB) and one that holds every expert. "2:3": three MoE layers
-    # ahead, the copies for the layers after the next running on through the lookups between (pinned until theirs)
+    # byte, with a cache that evicts at every step (32 KiB) and one that holds every expert. "2:2" and "2:3": two and
+    # three MoE layers ahead, the copies for the layers after the next running on through the lookups between (pinned
+    # until theirs)
     monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "1")
     res: dict[str, tuple[list[int], np.ndarray]] = {}
     stats: dict[str, MoeCacheStats] = {}
-    for predict in ("0", "1", "2:3"):
+    for predict in ("0", "1", "2:2", "2:3"):
         monkeypatch.setenv("LLAMA_MOE_CACHE_PREDICT", predict)
         out: list[MoeCacheStats] = []
         with model(moe, n_gpu_layers=-1, cpu_moe=True, load_mode=lib.LLAMA_LOAD_MODE_NONE) as m:
             res[predict] = greedy(m, PROMPT, 128, moe_cache_size=cache_bytes, stats=out)
         stats[predict] = out[0]
-    for predict in ("1", "2:3"):
+    for predict in ("1", "2:2", "2:3"):
         assert res[predict][0] == res["0"][0] and res[predict][1].tobytes() == res["0"][1].tobytes(), predict
     deep = stats["2:3"]
     assert deep.hits_device + deep.misses_device == stats["0"].hits_device + stats["0"].misses_device
