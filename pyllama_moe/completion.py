@@ -236,7 +236,10 @@ class Completion:
     def _run(self) -> Iterator[int]:
         """Generate; yields the number of tokens done after each one."""
         req, session = self.req, self.session
-        self._cache_load()
+        # an image's prompt holds placeholder ids: a cached state of the same ids may hold another image
+        cache = None if session.media_prompt_pending() else self.cache
+        if cache is not None:
+            self._cache_load()
         session.prepare(req.prompt_tokens)
         if self.lp is not None and req.echo:
             self._echo_logprobs()
@@ -258,8 +261,8 @@ class Completion:
             steps.close()
         finally:
             sampler.close()
-        if self.cache is not None:
-            self.cache[req.prompt_tokens + self.tokens] = self.save_state()
+        if cache is not None:
+            cache[req.prompt_tokens + self.tokens] = self.save_state()
 
     def accept(self, token: int, logits: np.ndarray | None) -> int:
         """Take a sampled token (and its logits for ``logprobs``): ``ENDED`` when the completion ends without it (the
