@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import logging
 import os
 import urllib.error
@@ -287,8 +288,11 @@ class Llava15ChatHandler:
         if self.verbose:
             logger.info("%s prompt: %s", type(self).__name__, text)
         images = [self.load_image(url) for url in urls]
-        prompt = self._evaluate(llama, projector, text, images, urls)
-        return complete_chat(llama, prompt, kwargs)
+        # one turn of the model from the images to the completion: another thread's call between them would move
+        # the context, and the completion would refuse to go on (a stream's steps then hold the model themselves)
+        with getattr(llama, "_lock", None) or contextlib.nullcontext():
+            prompt = self._evaluate(llama, projector, text, images, urls)
+            return complete_chat(llama, prompt, kwargs)
 
     @staticmethod
     def _evaluate(llama: Any, projector: Any, text: str, images: list[bytes], urls: list[str]) -> list[int]:

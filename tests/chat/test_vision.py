@@ -20,7 +20,7 @@ import pytest
 from pyllama_moe import llama_chat_format, mtmd
 from pyllama_moe.batch import Batch
 from pyllama_moe.chat import vision
-from pyllama_moe.errors import ClosedError, ImageError, MediaMismatchError, ProjectorLoadError
+from pyllama_moe.errors import ClosedError, ImageError, LlamaError, MediaMismatchError, ProjectorLoadError
 from pyllama_moe.llama import Llama
 from pyllama_moe.session import MEDIA_TOKEN
 from pyllama_moe.tools.synth.projector import ProjectorShape, write_projector
@@ -310,3 +310,11 @@ def test_load_image_bounds(tmp_path: Path) -> None:
     with pytest.raises(ImageError, match="larger than"):
         vision.load_image(str(big))
     assert os.path.getsize(big) == vision.MAX_FILE_BYTES + 1
+
+
+def test_a_stream_refuses_a_context_moved_under_its_images(llm: Llama) -> None:
+    stream = llm.create_chat_completion(messages=ask(data_uri(png(40, 40, seed=10))), stream=True, **GREEDY)
+    llm.create_completion("Hello", max_tokens=1)  # this thread moves the context before the stream's first step
+    with pytest.raises(LlamaError, match="moved the context"):
+        list(stream)
+    assert llm.create_chat_completion(messages=ask(data_uri(png(8, 8))), **GREEDY)["choices"][0]["message"]
