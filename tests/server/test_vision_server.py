@@ -81,6 +81,18 @@ def test_bad_images_are_openai_400s(server: Running, url: str, message: str, str
     assert ok.status_code == 200
 
 
+def test_a_model_without_a_projector_refuses_images(projector: Path) -> None:
+    r = Running(create_app(ServerSettings(), [ModelSettings(model=str(model_path("llama4")), model_alias="text",
+                                                            **SMALL)]))
+    try:
+        res = httpx.post(r.url + "/v1/chat/completions", timeout=60, json={
+            "model": "text", "messages": image_message(data_uri(png(8, 8))), "max_tokens": 2})
+        assert res.status_code == 400
+        assert "started without clip_model_path" in res.json()["error"]["message"]
+    finally:
+        r.stop()
+
+
 def test_settings(projector: Path) -> None:
     with pytest.raises(ValueError, match="needs clip_model_path"):
         ModelSettings(model="m.gguf", chat_format="llava-1-5")
