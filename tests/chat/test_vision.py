@@ -318,3 +318,26 @@ def test_a_stream_refuses_a_context_moved_under_its_images(llm: Llama) -> None:
     with pytest.raises(LlamaError, match="moved the context"):
         list(stream)
     assert llm.create_chat_completion(messages=ask(data_uri(png(8, 8))), **GREEDY)["choices"][0]["message"]
+
+
+def test_mutated_and_cut_images_are_decoded_or_refused(llm: Llama, handler: Any) -> None:
+    # what a client may send: bytes changed or cut anywhere after the signature (libmtmd's decoder, stb_image, took
+    # 12000 such files without a crash); each is a bitmap or an ImageError, nothing else
+    import random
+
+    projector = llm.load_projector(handler.clip_model_path, use_gpu=False)
+    rng = random.Random(71)
+    base = [png(23, 17, seed=1), png(64, 40, seed=2)]
+    refused = 0
+    for _ in range(400):
+        data = bytearray(rng.choice(base))
+        if rng.random() < 0.2:
+            data = data[:rng.randrange(8, len(data))]
+        else:
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(8, len(data))] = rng.randrange(256)
+        try:
+            projector.bitmap(bytes(data)).close()
+        except ImageError:
+            refused += 1
+    assert 0 < refused < 400
