@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from pyllama_moe.chat.handler import check_tools, complete_chat
 from pyllama_moe.chat.template import Jinja2ChatFormatter, compile_template
 from pyllama_moe.errors import ImageError, ProjectorLoadError
-from pyllama_moe.images import MAX_FILE_BYTES
+from pyllama_moe.images import MAX_FILE_BYTES, check_image
 
 __all__ = [
     "VISION_CHAT_FORMATS",
@@ -52,6 +52,7 @@ __all__ = [
     "ObsidianChatHandler",
     "Qwen25VLChatHandler",
     "image_urls",
+    "inline_images",
     "load_image",
 ]
 
@@ -151,6 +152,34 @@ def load_image(image_url: str, *, local_files: bool = True) -> bytes:
         raise ImageError(f"an image URL of scheme {scheme!r} cannot be read: use a data URI, an http(s) URL or "
                          "a file")
     return _read_file(image_url, local_files)
+
+
+def inline_images(messages: list[dict[str, Any]], *, local_files: bool = True) -> list[dict[str, Any]]:
+    """``messages`` with the image of each ``image_url`` part read (:func:`load_image`), checked
+    (:func:`pyllama_moe.images.check_image`) and put back as a data URI: the server does this before a request
+    waits for its model, so that a slow URL does not hold the model and a bad image is refused at once."""
+    out = []
+    n = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for part in content:
+            url = _part_url(part)
+            if url is not None and not url.startswith("data:"):
+                n += 1
+                data = load_image(url, local_files=local_files)
+                info = check_image(data, f"image {n} ({_short(url)})")
+                part = {**part, "image_url": {"url": f"data:image/{info.format};base64,"
+                                                     + base64.b64encode(data).decode()}}
+            elif url is not None:
+                n += 1
+                check_image(_data_uri(url), f"image {n}")
+            parts.append(part)
+        out.append({**message, "content": parts})
+    return out
 
 
 # -- the handlers

@@ -341,3 +341,18 @@ def test_mutated_and_cut_images_are_decoded_or_refused(llm: Llama, handler: Any)
         except ImageError:
             refused += 1
     assert 0 < refused < 400
+
+
+def test_inline_images(tmp_path: Path) -> None:
+    image = png(12, 10, seed=11)
+    path = tmp_path / "x.png"
+    path.write_bytes(image)
+    messages = [{"role": "system", "content": "s"}, *ask(str(path), data_uri(image))]
+    out = vision.inline_images(messages)
+    assert out[0] == messages[0] and messages[1]["content"][0]["image_url"]["url"] == str(path)  # not changed
+    urls = vision.image_urls(out)
+    assert urls == [data_uri(image), data_uri(image)]
+    with pytest.raises(ImageError, match="image 2: a truncated PNG"):
+        vision.inline_images(ask(str(path), data_uri(image[:-20])))
+    with pytest.raises(ImageError, match="does not read local files"):
+        vision.inline_images(ask(str(path)), local_files=False)
