@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pyllama_moe.cache import longest_token_prefix
-from pyllama_moe.errors import ContextLengthError
+from pyllama_moe.errors import ContextLengthError, LlamaError
 from pyllama_moe.llama_types import CompletionLogprobs, LlamaState, LogitsProcessorList, StoppingCriteriaList
 from pyllama_moe.params import check_max_tokens, check_stop
 from pyllama_moe.sampler import Sampler, SamplingParams
@@ -228,6 +228,8 @@ class Completion:
         self.text = _Text(req.stops)
         offset = 0 if req.echo else len(req.prompt_text)
         self.lp = _Logprobs(req.logprobs, session.vocab, offset) if req.logprobs is not None else None
+        # the prompt of Session.media_prompt (images evaluated): the session's count of moves it must still be at
+        self._media_moves = session.moves if session.media_prompt_pending() else None
 
     def _chunk(self, text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.req.model,
@@ -236,7 +238,13 @@ class Completion:
     def _run(self) -> Iterator[int]:
         """Generate; yields the number of tokens done after each one."""
         req, session = self.req, self.session
-        self._cache_load()
+        if self._media_moves is not None and session.moves != self._media_moves:
+            raise LlamaError("another call moved the context between the evaluation of this prompt's images and "
+                             "its completion (a stream's first step): evaluate them again")
+        # an image's prompt holds placeholder ids: a cached state of the same ids may hold another image
+        cache = None if self._media_moves is not None else self.cache
+        if cache is not None:
+            self._cache_load()
         session.prepare(req.prompt_tokens)
         if self.lp is not None and req.echo:
             self._echo_logprobs()
@@ -258,8 +266,8 @@ class Completion:
             steps.close()
         finally:
             sampler.close()
-        if self.cache is not None:
-            self.cache[req.prompt_tokens + self.tokens] = self.save_state()
+        if cache is not None:
+            cache[req.prompt_tokens + self.tokens] = self.save_state()
 
     def accept(self, token: int, logits: np.ndarray | None) -> int:
         """Take a sampled token (and its logits for ``logprobs``): ``ENDED`` when the completion ends without it (the

@@ -197,10 +197,11 @@ def check_mtmd_tokenize(code: int, n_markers: int, n_bitmaps: int, since: int) -
                          + _native_detail(since))
 
 
-def check_mtmd_eval(code: int, since: int) -> None:
-    """``mtmd_helper_eval_chunks``: 0 success; otherwise an image's encoding or a decode failed."""
+def check_mtmd_eval(code: int, since: int, fn: str = "mtmd_helper_eval_chunks") -> None:
+    """``mtmd_helper_eval_chunks`` (or ``fn``, its one-chunk form): 0 success; otherwise an image's encoding or a
+    decode failed."""
     if code != 0:
-        raise LlamaError(f"evaluating the prompt's text and images failed (mtmd_helper_eval_chunks returned {code})"
+        raise LlamaError(f"evaluating the prompt's text and images failed ({fn} returned {code})"
                          + (_native_detail(since) or ": llama.cpp logged no reason"))
 
 

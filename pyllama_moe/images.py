@@ -18,6 +18,9 @@ from pyllama_moe.errors import ImageError
 # 192 MiB once decoded, and every vision projector resizes far below it
 MAX_IMAGE_PIXELS = 8192 * 8192
 MAX_IMAGE_SIDE = 16384
+# at most this many bytes are read of an image file or URL: an uncompressed BMP of MAX_IMAGE_PIXELS (3 bytes each,
+# rows padded) fits, and nothing larger is read into memory
+MAX_FILE_BYTES = 3 * MAX_IMAGE_PIXELS + 4 * MAX_IMAGE_SIDE + (1 << 20)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from pyllama_moe.ffi import lib
 from pyllama_moe.llama_types import CreateEmbeddingResponse, LlamaState
 from pyllama_moe.model import LoraAdapter, Model, model_path_str
 from pyllama_moe.moe_warm import WarmStart
+from pyllama_moe.mtmd import CHUNK_TEXT, InputChunks, MtmdContext
 from pyllama_moe.params import (
     ContextParams,
     ModelParams,
@@ -201,6 +202,7 @@ class Llama:
         self._streamer: int | None = None  # the thread consuming a stream in progress
         self._closed = True  # until everything is made; close() is safe on a half-made Llama
         self._handles: list[Any] = []
+        self._projectors: dict[tuple[str, bool], MtmdContext] = {}  # load_projector's, by path and use_gpu
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
         self._init_kwargs.update(kwargs)
         if kwargs:
@@ -599,6 +601,49 @@ class Llama:
 
     def set_seed(self, seed: int) -> None:
         self._session.seed = check_int("seed", seed, -(2**63), 2**64 - 1)
+
+    # images: a multimodal projector over this model
+    @_open
+    def load_projector(self, clip_model_path: str | os.PathLike[str], *, use_gpu: bool = True) -> MtmdContext:
+        """The projector (an mmproj GGUF) of ``clip_model_path`` over this model, loaded at the first call and owned
+        by this Llama (freed before its model by ``close()``): what the vision chat handlers encode images with.
+        Its threads are the Llama's; its flash attention is on only where the context's is (as llama-cpp-python's
+        handlers set it)."""
+        key = (os.path.abspath(os.fspath(clip_model_path)), bool(use_gpu))
+        projector = self._projectors.get(key)
+        if projector is None:
+            flash = int(self.context_params.ptr.flash_attn_type) == int(lib.LLAMA_FLASH_ATTN_TYPE_ENABLED)
+            projector = self._own(MtmdContext(clip_model_path, self._model, use_gpu=bool(use_gpu),
+                                              n_threads=self.n_threads, flash_attn=flash, verbose=self.verbose))
+            self._projectors[key] = projector
+        return projector
+
+    @_open
+    def eval_chunks(self, projector: MtmdContext, chunks: InputChunks) -> list[int]:
+        """Evaluate a prompt of text and images (``projector.tokenize``'s chunks) from the start of the context: a
+        text chunk as a prompt's tokens (in batches of ``n_batch``), an image encoded by ``projector`` and its
+        embeddings decoded. Returns the prompt to complete from: ``create_completion(prompt=...)`` right after this
+        call keeps all of it but its last token (images included); any other call moves the context, and its prompt
+        keeps nothing from the first image on (``input_ids`` holds a placeholder id at an image's positions)."""
+        if projector.model is not self._model:
+            raise ValueError("eval_chunks: the projector was loaded over another model (use this Llama's "
+                             "load_projector)")
+        session = self._session
+        session.reset()
+        self._ctx.memory_clear()
+        for i in range(len(chunks)):
+            chunk = chunks[i]
+            if chunk.type == CHUNK_TEXT:
+                if chunk.tokens:
+                    session.eval(chunk.tokens)
+                continue
+            session.eval_media(chunk.n_tokens, functools.partial(self._eval_media_chunk, projector, chunks, i))
+        if not session.n_tokens:
+            raise ValueError("the prompt has no tokens")
+        return session.media_prompt()
+
+    def _eval_media_chunk(self, projector: MtmdContext, chunks: InputChunks, i: int, n_past: int) -> int:
+        return projector.eval_chunk(self._ctx, chunks, i, n_past=n_past, n_batch=self.n_batch)
 
     @_open
     def reset(self) -> None:

@@ -317,7 +317,9 @@ ChatCompletionFunctionCall = ChatCompletionResponseFunctionCall
 class LlamaState:
     """``Llama.save_state()``: the tokens evaluated, their logits if kept, and the context's state. ``model_id`` names
     the model that made it (its ``Model.fingerprint()``): ``load_state`` refuses a state of another model, whose bytes
-    llama.cpp would take for its own when the shapes agree. None (a state made without one) is not checked."""
+    llama.cpp would take for its own when the shapes agree. None (a state made without one) is not checked.
+    ``media_from`` is the first position decoded from an image's embeddings (None: all are tokens'), whose
+    placeholder ids no prompt after ``load_state`` takes for the image."""
 
     input_ids: npt.NDArray[np.intc]
     scores: npt.NDArray[np.single]
@@ -326,6 +328,7 @@ class LlamaState:
     llama_state_size: int
     seed: int
     model_id: str | None = None
+    media_from: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

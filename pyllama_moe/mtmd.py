@@ -155,7 +155,8 @@ class MtmdContext:
     ``close()`` before its model."""
 
     def __init__(self, path: str | os.PathLike[str], model: Model, *, use_gpu: bool = True, n_threads: int = 4,
-                 media_marker: str | None = None, warmup: bool = False, verbose: bool = True) -> None:
+                 media_marker: str | None = None, warmup: bool = False, flash_attn: bool | None = None,
+                 verbose: bool = True) -> None:
         self._ptr: Any = None
         self.path = os.fspath(path)
         self.model = model  # freed after this context
@@ -168,6 +169,9 @@ class MtmdContext:
         params.print_timings = False
         params.n_threads = n_threads
         params.warmup = warmup
+        if flash_attn is not None:  # None: the projector's own choice (auto)
+            params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn \
+                else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         marker = None if media_marker is None else ffi.new("char[]", media_marker.encode())
         if marker is not None:
             params.media_marker = marker
@@ -237,6 +241,23 @@ class MtmdContext:
             code = lib.mtmd_helper_eval_chunks(self.ptr, context.ptr, chunks.ptr, n_past, seq_id,
                                                n_batch or context.n_batch(), logits_last, new_n_past)
         check_mtmd_eval(int(code), mark)
+        return int(new_n_past[0])
+
+    def eval_chunk(self, context: Context, chunks: InputChunks, i: int, *, n_past: int, seq_id: int = 0,
+                   n_batch: int | None = None, logits_last: bool = False) -> int:
+        """Decode chunk ``i`` of ``chunks`` alone into ``context`` from position ``n_past``
+        (``mtmd_helper_eval_chunk_single``: an image is encoded by the projector and its embeddings decoded in
+        batches of ``n_batch``); the position after it."""
+        n = len(chunks)
+        if not 0 <= i < n:
+            raise IndexError(f"chunk {i} of {n}")
+        chunk = lib.mtmd_input_chunks_get(chunks.ptr, i)
+        new_n_past = ffi.new("llama_pos *")
+        mark = native_mark()
+        with backend.verbosity(self.verbose):
+            code = lib.mtmd_helper_eval_chunk_single(self.ptr, context.ptr, chunk, n_past, seq_id,
+                                                     n_batch or context.n_batch(), logits_last, new_n_past)
+        check_mtmd_eval(int(code), mark, "mtmd_helper_eval_chunk_single")
         return int(new_n_past[0])
 
     def close(self) -> None:

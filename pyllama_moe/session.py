@@ -8,7 +8,7 @@ when the request needs them (``logprobs``, ``logits_processor``, ``stopping_crit
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +22,12 @@ from pyllama_moe.vocab import Vocab, token_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyllama_moe.llama_speculative import LlamaDraftModel
+
+
+MEDIA_TOKEN = 0
+"""What ``input_ids`` holds at a position decoded from an image's embeddings (any id of the vocabulary would do:
+:meth:`Session.prepare` never takes it for the image unless the prompt is the one :meth:`Session.media_prompt`
+gave)."""
 
 
 def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
@@ -55,6 +61,10 @@ class Session:
         self.moves = 0  # counts prepare, eval, reset, load_state and embed: a stream sees another call's move
         self.seed = seed  # the sampling seed, saved with the state (llama-cpp-python's Llama._seed)
         self._scores: np.ndarray | None = None  # (n_ctx, n_vocab), allocated when first needed
+        # the first position that holds embeddings (an image's) rather than a token's, None if none: input_ids says
+        # MEDIA_TOKEN there, which no later prompt may take for the image (see prepare)
+        self.media_from: int | None = None
+        self._media_prompt: int | None = None  # the count of moves at which eval_media's prompt was evaluated
 
     @property
     def scores(self) -> np.ndarray:
@@ -69,6 +79,7 @@ class Session:
     def reset(self) -> None:
         self.n_tokens = 0
         self.moves += 1
+        self.media_from = None
 
     def _check_room(self, n: int) -> None:
         if self.n_tokens + n > self.n_ctx:
@@ -102,13 +113,18 @@ class Session:
         tokens = token_array("tokens", tokens, self.n_vocab).tolist()
         if not tokens:
             raise ValueError("the prompt has no tokens")
+        media_prompt = self.media_prompt_pending()
+        self._media_prompt = None
         if reset and self.n_tokens > 0:
             head = np.asarray(tokens[:-1], dtype=np.intc)
             n = min(len(head), self.n_tokens)
             diff = np.flatnonzero(self.input_ids[:n] != head[:n])
             prefix = int(diff[0]) if len(diff) else n
+            if self.media_from is not None and not media_prompt:  # placeholders are no image: not kept
+                prefix = min(prefix, self.media_from)
             if prefix > 0 and self.ctx.seq_rm(-1, prefix, -1):
                 self.n_tokens = prefix
+                self._forget_media_after(prefix)
                 tokens = tokens[prefix:]
             else:
                 self.reset()
@@ -171,6 +187,39 @@ class Session:
             self.n_tokens -= len(drafts)
             self.ctx.seq_rm(-1, self.n_tokens, -1)
 
+    # media: what is decoded from embeddings (an image's) rather than from tokens
+    def eval_media(self, n_tokens: int, evaluate: Callable[[int], int]) -> None:
+        """Decode embeddings after the evaluated tokens: ``evaluate(n_past)`` decodes them from position ``n_past``
+        (``MtmdContext.eval_chunk``) and returns the position after them. They take ``n_tokens`` cells of the
+        context; their positions hold ``MEDIA_TOKEN`` in ``input_ids``, which only :meth:`media_prompt` hands on."""
+        self.moves += 1
+        self._check_room(n_tokens)
+        self.ctx.seq_rm(-1, self.n_tokens, -1)
+        start = self.n_tokens
+        end = evaluate(start)
+        if not start < end <= self.n_ctx:
+            raise LlamaError(f"evaluating an image from position {start} ended at position {end}, outside "
+                             f"{start + 1}..{self.n_ctx}")
+        self.input_ids[start:end] = MEDIA_TOKEN
+        self.n_tokens = end
+        if self.media_from is None:
+            self.media_from = start
+
+    def media_prompt(self) -> list[int]:
+        """The evaluated tokens (``MEDIA_TOKEN`` where media was decoded), as the prompt of the completion that
+        follows them: the next :meth:`prepare`, if nothing moves the context before it, keeps all but the last
+        position of it (its embeddings included); any other prompt keeps nothing from the first media on."""
+        self._media_prompt = self.moves
+        return self.input_ids[:self.n_tokens].tolist()
+
+    def media_prompt_pending(self) -> bool:
+        """Whether the next :meth:`prepare` is that of :meth:`media_prompt`'s prompt (nothing moved since)."""
+        return self._media_prompt is not None and self._media_prompt == self.moves
+
+    def _forget_media_after(self, n: int) -> None:
+        if self.media_from is not None and self.media_from >= n:
+            self.media_from = None
+
     def _proposal(self, draft_model: LlamaDraftModel, token: int) -> list[int]:
         """What ``draft_model`` proposes after the evaluated tokens and ``token``, cut to what one batch and the
         context hold."""
@@ -205,7 +254,8 @@ class Session:
         n = self.n_tokens
         scores = self.scores[:n].copy() if self.logits_all else np.zeros((0, self.n_vocab), dtype=np.single)
         return LlamaState(input_ids=self.input_ids.copy(), scores=scores, n_tokens=n, llama_state=data,
-                          llama_state_size=len(data), seed=self.seed, model_id=self.model_id)
+                          llama_state_size=len(data), seed=self.seed, model_id=self.model_id,
+                          media_from=self.media_from)
 
     def load_state(self, state: LlamaState) -> None:
         if not isinstance(state, LlamaState):
@@ -234,6 +284,7 @@ class Session:
             self.scores[:n] = state.scores[:n]
         self.n_tokens = n
         self.seed = state.seed
+        self.media_from = getattr(state, "media_from", None)  # a state pickled before the field existed has none
 
     # embeddings
     def embed(self, texts: list[str], normalize: bool, truncate: bool) -> tuple[list[Any], int]:

@@ -15,7 +15,9 @@
 - :mod:`~pyllama_moe.chat.handler`: formatter -> handler, completion -> chat results,
   ``response_format`` and ``tool_choice`` grammars;
 - JSON grammars and :func:`json_schema_to_gbnf` come from :mod:`pyllama_moe.json_schema`;
-- :mod:`~pyllama_moe.chat.functions`: the "chatml-function-calling" handler.
+- :mod:`~pyllama_moe.chat.functions`: the "chatml-function-calling" handler;
+- :mod:`~pyllama_moe.chat.vision`: the vision handlers (``Llava15ChatHandler``, ``MTMDChatHandler``, ...): images
+  through a projector, passed as ``Llama(chat_handler=...)``.
 """
 
 from __future__ import annotations

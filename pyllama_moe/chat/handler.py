@@ -25,6 +25,7 @@ __all__ = [
     "LlamaChatCompletionHandler",
     "chat_formatter_to_chat_completion_handler",
     "check_tools",
+    "complete_chat",
     "completion_kwargs",
     "convert_completion_to_chat",
     "convert_completion_to_chat_function",
@@ -232,7 +233,7 @@ def chat_formatter_to_chat_completion_handler(chat_formatter: ChatFormatter) -> 
     """
 
     def chat_completion_handler(*, llama: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-        tools, tool_choice = tools_and_choice(kwargs)
+        check_tools(kwargs)
         result = chat_formatter(
             messages=messages,
             functions=kwargs.get("functions"),
@@ -241,25 +242,31 @@ def chat_formatter_to_chat_completion_handler(chat_formatter: ChatFormatter) -> 
             tool_choice=kwargs.get("tool_choice"),
         )
         prompt = llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
-        stop = _stop_list(kwargs.get("stop", []))
-        if result.stop is not None:
-            stop = stop + _stop_list(result.stop)
-        grammar = kwargs.get("grammar")
-        rf_grammar = grammar_for_response_format(kwargs.get("response_format"))
-        if rf_grammar is not None:
-            grammar = rf_grammar
-        tool = _forced_tool(tools, tool_choice)
-        if tool is not None:
-            grammar = grammar_for_tool(tool)
-        stream = bool(kwargs.get("stream", False))
-        completion_or_chunks = llama.create_completion(**completion_kwargs(
-            kwargs, prompt=prompt, stream=stream, stop=stop, grammar=grammar,
-            stopping_criteria=result.stopping_criteria))
-        if tool is not None:
-            return convert_completion_to_chat_function(tool["function"]["name"], completion_or_chunks, stream)
-        return convert_completion_to_chat(completion_or_chunks, stream=stream)
+        return complete_chat(llama, prompt, kwargs, stop=result.stop, stopping_criteria=result.stopping_criteria)
 
     return chat_completion_handler
+
+
+def complete_chat(llama: Any, prompt: list[int], kwargs: dict[str, Any], *, stop: str | list[str] | None = None,
+                  stopping_criteria: Any = None) -> Any:
+    """The chat result of completing ``prompt`` (tokens) with ``llama.create_completion``: the caller's stop strings
+    and then ``stop``, ``response_format`` JSON as the grammar, and a ``tool_choice`` naming a function forcing a
+    call of it whose arguments follow the function's parameter schema. ``kwargs`` are ``create_chat_completion``'s."""
+    tools, tool_choice = tools_and_choice(kwargs)
+    stops = _stop_list(kwargs.get("stop", [])) + _stop_list(stop)
+    grammar = kwargs.get("grammar")
+    rf_grammar = grammar_for_response_format(kwargs.get("response_format"))
+    if rf_grammar is not None:
+        grammar = rf_grammar
+    tool = _forced_tool(tools, tool_choice)
+    if tool is not None:
+        grammar = grammar_for_tool(tool)
+    stream = bool(kwargs.get("stream", False))
+    completion_or_chunks = llama.create_completion(**completion_kwargs(
+        kwargs, prompt=prompt, stream=stream, stop=stops, grammar=grammar, stopping_criteria=stopping_criteria))
+    if tool is not None:
+        return convert_completion_to_chat_function(tool["function"]["name"], completion_or_chunks, stream)
+    return convert_completion_to_chat(completion_or_chunks, stream=stream)
 
 
 # -- results

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pyllama_moe.chat.vision import image_urls, inline_images
 from pyllama_moe.errors import ContextLengthError
 from pyllama_moe.server import limits, sse
 from pyllama_moe.server.model import ModelNotServedError, ModelPool, QueueFullError, ServedModel
@@ -270,6 +271,13 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
         if len(body.messages) > server.max_messages:
             raise ValueError(f"more than {server.max_messages} messages (max_messages)")
         model = pool.get(body.model)
+        if image_urls(body.messages, None):
+            if model.settings.clip_model_path is None:
+                raise ValueError(f"model {model.settings.alias!r} was started without clip_model_path: it cannot "
+                                 "read the image_url parts of the messages")
+            # read and checked before the request waits for its model: a slow URL does not hold it
+            body.messages = await anyio.to_thread.run_sync(
+                lambda: inline_images(body.messages, local_files=False))
         await anyio.to_thread.run_sync(limits.check_chat, body, model.n_ctx, server)
         args = _chat_args(body)
         return await generate(model, lambda llama: llama.create_chat_completion(**args), body.stream)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+logger = logging.getLogger("pyllama_moe")
 
 
 class ModelSettings(BaseSettings):
@@ -45,7 +48,10 @@ class ModelSettings(BaseSettings):
     offload_kqv: bool = True
     flash_attn: bool = False
     last_n_tokens_size: int = 64
-    chat_format: str | None = None
+    chat_format: str | None = Field(default=None, description="the chat format; with clip_model_path a vision one: "
+                                    "llava-1-5, llava-1-6, mtmd (the model's template), gemma4, ...")
+    clip_model_path: str | None = Field(default=None, description="a multimodal projector (mmproj GGUF): image_url "
+                                        "parts of chat messages are seen by the model")
     verbose: bool = True
     # MoE and placement (pyllama-moe)
     moe_cache_mib: int = Field(default=0, description="device cache for host-resident experts, MiB; 0 = off")
@@ -101,8 +107,39 @@ class ModelSettings(BaseSettings):
             raise ValueError(f"n_parallel ({value}) must be at most n_batch ({n_batch})")
         return value
 
+    @model_validator(mode="after")
+    def _vision(self) -> ModelSettings:
+        """A vision chat format needs a projector; a projector needs one request at a time (its images are evaluated
+        into the single-request context, not into the parallel slots)."""
+        from pyllama_moe.chat.vision import VISION_CHAT_FORMATS
+
+        if self.chat_format in VISION_CHAT_FORMATS and self.clip_model_path is None:
+            raise ValueError(f"chat_format {self.chat_format!r} needs clip_model_path (the projector's GGUF)")
+        if self.clip_model_path is not None and self.n_parallel > 1:
+            raise ValueError("clip_model_path serves one request at a time: leave n_parallel at 1")
+        return self
+
+    def chat_handler(self) -> Any:
+        """The vision chat handler of ``chat_format`` over ``clip_model_path`` (``mtmd``, the model's own template,
+        when no chat format is given), which reads no local files; None without a projector or with a text chat
+        format (the projector is then not used, as in llama-cpp-python)."""
+        from pyllama_moe.chat.vision import VISION_CHAT_FORMATS
+
+        if self.clip_model_path is None:
+            return None
+        name = self.chat_format or "mtmd"
+        if name not in VISION_CHAT_FORMATS:
+            logger.warning("clip_model_path %s is not used: chat_format %r is not a vision format (%s)",
+                           self.clip_model_path, name, ", ".join(VISION_CHAT_FORMATS))
+            return None
+        return VISION_CHAT_FORMATS[name](self.clip_model_path, verbose=self.verbose, local_files=False)
+
     def llama_kwargs(self) -> dict[str, Any]:
-        kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides", "n_parallel", "max_queue"})
+        kw = self.model_dump(exclude={"model", "model_alias", "kv_overrides", "n_parallel", "max_queue",
+                                      "clip_model_path"})
+        handler = self.chat_handler()
+        if handler is not None:
+            kw["chat_handler"] = handler
         for name in ("n_batch", "n_ubatch"):  # not given: Llama chooses (a given one is honoured)
             if kw[name] is None:
                 del kw[name]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,10 @@ from pyllama_moe.errors import ClosedError, ImageError, MediaMismatchError, Proj
 from pyllama_moe.llama import Llama
 from pyllama_moe.tools.synth.projector import ProjectorShape, write_projector
 
+from fixtures.images import png
 from fixtures.models import model_path
 
 N_EMBD_TEXT = 64  # synth's tiny preset
-
-
-def png(width: int, height: int, seed: int = 0) -> bytes:
-    """A whole RGB PNG of random pixels (no imaging library needed)."""
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(height))
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 
 
 @pytest.fixture(scope="module")
