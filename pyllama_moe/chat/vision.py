@@ -103,17 +103,19 @@ def _data_uri(url: str) -> bytes:
     return urllib.parse.unquote_to_bytes(payload)
 
 
-def _read_bounded(stream: Any, what: str) -> bytes:
-    data = stream.read(MAX_FILE_BYTES + 1)
+def _read_bounded(stream: Any, what: str, limit: int) -> bytes:
+    data = stream.read(min(limit, MAX_FILE_BYTES) + 1)
     if len(data) > MAX_FILE_BYTES:
         raise ImageError(f"{what} is larger than {MAX_FILE_BYTES >> 20} MiB")
+    if len(data) > limit:
+        raise ImageError(f"{what} does not fit in the {limit} bytes left to the request's images")
     return bytes(data)
 
 
-def _fetch(url: str) -> bytes:
+def _fetch(url: str, limit: int) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 - http(s) only here
-            return _read_bounded(response, f"the image at {_short(url)}")
+            return _read_bounded(response, f"the image at {_short(url)}", limit)
     except urllib.error.HTTPError as e:
         raise ImageError(f"cannot fetch the image at {_short(url)}: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError) as e:
@@ -121,23 +123,24 @@ def _fetch(url: str) -> bytes:
         raise ImageError(f"cannot fetch the image at {_short(url)}: {reason}") from None
 
 
-def _read_file(path: str, local_files: bool) -> bytes:
+def _read_file(path: str, local_files: bool, limit: int) -> bytes:
     if not local_files:
         raise ImageError("this server does not read local files: send the image as a data URI "
                          "(data:image/png;base64,...) or an http(s) URL")
     try:
         with open(path, "rb") as f:
-            return _read_bounded(f, f"the image file {path}")
+            return _read_bounded(f, f"the image file {path}", limit)
     except FileNotFoundError:
         raise ImageError(f"the image file {path} does not exist") from None
     except OSError as e:
         raise ImageError(f"cannot read the image file {path}: {e.strerror or e}") from None
 
 
-def load_image(image_url: str, *, local_files: bool = True) -> bytes:
+def load_image(image_url: str, *, local_files: bool = True, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the image at ``image_url``: a ``data:`` URI (base64 or percent-encoded), an ``http(s)://`` URL
     (fetched, as llama-cpp-python fetches it, within ``FETCH_TIMEOUT_S``), a ``file://`` URL or a path (unless
-    ``local_files`` is False: a server's requests). At most ``images.MAX_FILE_BYTES``; anything else is an
+    ``local_files`` is False: a server's requests). At most ``limit`` bytes read (and never more than
+    ``images.MAX_FILE_BYTES``); anything else is an
     :class:`ImageError` (a ``ValueError``)."""
     if not isinstance(image_url, str):
         raise ImageError(f"an image URL must be a string, got {type(image_url).__name__}")
@@ -145,21 +148,25 @@ def load_image(image_url: str, *, local_files: bool = True) -> bytes:
     if scheme == "data":
         return _data_uri(image_url)
     if scheme in ("http", "https"):
-        return _fetch(image_url)
+        return _fetch(image_url, limit)
     if scheme == "file":
-        return _read_file(urllib.request.url2pathname(urllib.parse.urlsplit(image_url).path), local_files)
+        return _read_file(urllib.request.url2pathname(urllib.parse.urlsplit(image_url).path), local_files, limit)
     if scheme and len(scheme) > 1:  # (a one-letter scheme is a Windows drive)
         raise ImageError(f"an image URL of scheme {scheme!r} cannot be read: use a data URI, an http(s) URL or "
                          "a file")
-    return _read_file(image_url, local_files)
+    return _read_file(image_url, local_files, limit)
 
 
-def inline_images(messages: list[dict[str, Any]], *, local_files: bool = True) -> list[dict[str, Any]]:
+def inline_images(messages: list[dict[str, Any]], *, local_files: bool = True,
+                  max_bytes: int | None = None) -> list[dict[str, Any]]:
     """``messages`` with the image of each ``image_url`` part read (:func:`load_image`), checked
     (:func:`pyllama_moe.images.check_image`) and put back as a data URI: the server does this before a request
-    waits for its model, so that a slow URL does not hold the model and a bad image is refused at once."""
+    waits for its model, so that a slow URL does not hold the model and a bad image is refused at once. With
+    ``max_bytes`` (the server's ``max_request_bytes``), the images read from URLs and files take at most that many
+    bytes together, as images sent in the body do: a request of many large URLs is refused, not held in memory."""
     out = []
     n = 0
+    left = MAX_FILE_BYTES * 1024 if max_bytes is None else max_bytes
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -170,7 +177,8 @@ def inline_images(messages: list[dict[str, Any]], *, local_files: bool = True) -
             url = _part_url(part)
             if url is not None and not url.startswith("data:"):
                 n += 1
-                data = load_image(url, local_files=local_files)
+                data = load_image(url, local_files=local_files, limit=left)
+                left -= len(data)
                 info = check_image(data, f"image {n} ({_short(url)})")
                 part = {**part, "image_url": {"url": f"data:image/{info.format};base64,"
                                                      + base64.b64encode(data).decode()}}

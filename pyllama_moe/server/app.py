@@ -277,7 +277,7 @@ def create_app(server: ServerSettings, models: list[ModelSettings],
                                  "read the image_url parts of the messages")
             # read and checked before the request waits for its model: a slow URL does not hold it
             body.messages = await anyio.to_thread.run_sync(
-                lambda: inline_images(body.messages, local_files=False))
+                lambda: inline_images(body.messages, local_files=False, max_bytes=server.max_request_bytes))
         await anyio.to_thread.run_sync(limits.check_chat, body, model.n_ctx, server)
         args = _chat_args(body)
         return await generate(model, lambda llama: llama.create_chat_completion(**args), body.stream)

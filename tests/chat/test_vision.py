@@ -356,3 +356,18 @@ def test_inline_images(tmp_path: Path) -> None:
         vision.inline_images(ask(str(path), data_uri(image[:-20])))
     with pytest.raises(ImageError, match="does not read local files"):
         vision.inline_images(ask(str(path)), local_files=False)
+
+
+def test_inline_images_of_a_request_share_a_budget(tmp_path: Path) -> None:
+    # the server passes max_request_bytes: images read from URLs and files take at most that much together, as
+    # images sent in the body do (a request of many large URLs is refused, not held in memory)
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"{i}.png"
+        p.write_bytes(png(64, 64, seed=i))
+        paths.append(p)
+    size = sum(p.stat().st_size for p in paths)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(p)}} for p in paths]}]
+    assert len(vision.inline_images(messages, max_bytes=size)[0]["content"]) == 3
+    with pytest.raises(ImageError, match="left to the request's images"):
+        vision.inline_images(messages, max_bytes=size - 1)
