@@ -68,7 +68,7 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patches 0019-0020 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; 2 by default): after the lookup of
+    # patches 0019-0021 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; 2 by default): after the lookup of
     # layer l, the experts
     # that the next MoE layer's router picks on layer l's input are scored and copied on a stream of their own, and
     # that layer's lookup finds them.

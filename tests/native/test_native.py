@@ -62,7 +62,7 @@ def test_moe_cache_copy_of_mapped_experts() -> None:
 
 
 def test_moe_hybrid_cpu_part() -> None:
-    # the CPU's part of hybrid MoE decode (patch 0024): the weighted sum of the selections left to the CPU, computed
+    # the CPU's part of hybrid MoE decode (patch 0025): the weighted sum of the selections left to the CPU, computed
     # from q4_0 host experts, against the experts computed in float from their dequantized weights
     out = run("test-moe-hybrid")
     assert "OK" in out.splitlines(), out[-2000:]
