@@ -1,4 +1,4 @@
-"""llama_available_memory (patch 0010) on fake /proc and /sys/fs/cgroup trees: the system's available
+"""llama_available_memory (patch 0011) on fake /proc and /sys/fs/cgroup trees: the system's available
 memory within every cgroup limit up to the root, page cache other than shmem and mlocked pages
 counted as reclaimable."""
 

@@ -1,4 +1,4 @@
-"""GGUF files with a hyperparameter or a vocabulary the model cannot run with (issue #27, patch 0017): the load
+"""GGUF files with a hyperparameter or a vocabulary the model cannot run with (issue #27, patch 0018): the load
 raises ModelLoadError naming the reason (a tokenizer model that does not fit the vocabulary: ValueError at the first
 tokenize, which gave ids of -1 before). They ended the process with a GGML_ASSERT before, at the load or at the
 first decode; all of them load in one child process, which must exit normally."""
@@ -118,7 +118,7 @@ def test_kv_overrides_reach_the_same_checks() -> None:
 
 def test_a_model_that_routes_every_expert_runs(tmp_path: Path) -> None:
     # 64 of 64 experts in 30 layers: build_moe_ffn's views and sums of the selected experts took more graph nodes
-    # than llama.cpp reserved, and the first graph aborted (GGML_ASSERT(obj_new)); patch 0017 counts them
+    # than llama.cpp reserved, and the first graph aborted (GGML_ASSERT(obj_new)); patch 0018 counts them
     from pyllama_moe.tools import synth
 
     path = synth.write_model(tmp_path / "all.gguf", "tiny", seed=2, n_layer=30, n_expert=64, n_expert_used=64)

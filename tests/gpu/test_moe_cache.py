@@ -1,4 +1,4 @@
-"""On a GPU: the MoE cache looked up on the device (GGML_OP_MOE_CACHE_LOOKUP, patch 0009) gives the
+"""On a GPU: the MoE cache looked up on the device (GGML_OP_MOE_CACHE_LOOKUP, patch 0010) gives the
 same logits, byte for byte, and the same greedy tokens as the host lookup (LLAMA_MOE_CACHE_DEVICE=0),
 for an architecture without and one with per-expert biases, and its counts reach Python."""
 
@@ -68,7 +68,7 @@ def test_small_cache_evicts_and_stays_identical(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_prediction_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patches 0018-0019 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; 2 by default): after the lookup of
+    # patches 0019-0021 (LLAMA_MOE_CACHE_PREDICT=1: at most one copy a layer; 2 by default): after the lookup of
     # layer l, the experts
     # that the next MoE layer's router picks on layer l's input are scored and copied on a stream of their own, and
     # that layer's lookup finds them.
@@ -143,7 +143,7 @@ print(tokens, hashlib.sha256(logits.tobytes()).hexdigest())
 
 @pytest.mark.parametrize("cache_bytes", [32 << 10, 8 << 20])
 def test_programmatic_launch_stays_identical(monkeypatch: pytest.MonkeyPatch, moe: Path, cache_bytes: int) -> None:
-    # patch 0016: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
+    # patch 0017: the lookup and its copies launch with programmatic dependent launch (GGML_CUDA_PDL=0 turns it off
     # for every kernel): each must still see what the kernel before it wrote. A small cache evicts at every step
     host_tokens, host_logits = run(monkeypatch, moe, "0", PROMPT, cache_bytes=cache_bytes)
     want = f"{host_tokens} {hashlib.sha256(host_logits.tobytes()).hexdigest()}"
@@ -194,7 +194,7 @@ def test_warmup_selecting_every_expert_does_not_abort(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("materialize", ["0", "1"])
 def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, materialize: str) -> None:
-    # patch 0012: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
+    # patch 0013: memory-mapped experts are mapped for the device lookups or, where the device refuses the file
     # mapping, copied once into anonymous memory and mapped there; LLAMA_MOE_CACHE_MATERIALIZE=0 keeps host lookups
     # for what cannot be mapped. Any way, the tokens are those of the host lookups
     def generate(device: str) -> tuple[str, dict]:
@@ -214,7 +214,7 @@ def test_memory_mapped_experts(monkeypatch: pytest.MonkeyPatch, moe: Path, mater
 
 
 def test_prefetch_from_the_cache_is_identical(monkeypatch: pytest.MonkeyPatch, moe: Path) -> None:
-    # patch 0014 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in
+    # patch 0015 (LLAMA_MOE_CACHE_PREFETCH=0 turns it off): the prefetch of a large ubatch copies the experts held in
     # the cache device to device and uploads only the others, before the routing is known: the same logits and tokens
     context_fields(monkeypatch, prefetch_min_batch=1)  # the test's prompts are small
 

@@ -1,4 +1,4 @@
-"""On a GPU: the seed of the MoE cache from the end of a prompt (patch 0015).
+"""On a GPU: the seed of the MoE cache from the end of a prompt (patch 0016).
 
 The last large ubatch of each batch copies the experts it used most from their staged copies into cache
 slots, by its own routing. Over prompts of one, two and five batches, with the scheduler prefetch on and off and
@@ -80,7 +80,7 @@ def test_seeded_slots_hold_their_experts(monkeypatch: pytest.MonkeyPatch, moe: P
     # the decode steps read seeded slots, and their logits are those of the experts uploaded from host memory
     assert stats["device"]["hits"] > plain_stats["device"]["hits"], (stats, plain_stats)
     assert seeded == plain
-    # the prefetched seeding ubatches also copied their cached experts from the cache (patch 0014)
+    # the prefetched seeding ubatches also copied their cached experts from the cache (patch 0015)
     prefetched = prefetch == "default" and min_batch == 1
     assert (stats["prefetch"]["ubatches"] > 0) == prefetched, stats
 

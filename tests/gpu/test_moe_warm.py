@@ -1,4 +1,4 @@
-"""On a GPU: the MoE cache's warm start (#46, patch 0021). A state file of the model (``calibrate``) fills the cache at
+"""On a GPU: the MoE cache's warm start (#46, patch 0022). A state file of the model (``calibrate``) fills the cache at
 load: the first tokens hit more than from a cold cache, with the same logits and greedy tokens byte for byte; at close
 the experts held are written back, and the next load restores them."""
 

@@ -48,7 +48,7 @@ def test_moe_cache_lookup_reference() -> None:
 
 
 def test_copy_regions_semantics() -> None:
-    # ggml_backend_tensor_copy_regions_async on CPU buffers against a byte-by-byte reference (patch 0011)
+    # ggml_backend_tensor_copy_regions_async on CPU buffers against a byte-by-byte reference (patch 0012)
     out = run("test-copy-regions")
     # stdout ends with OK; on a GPU machine the CUDA backend's device lines on stderr come after it
     assert "OK" in out.splitlines() and "checks failed" not in out, out[-2000:]
@@ -62,7 +62,7 @@ def test_moe_cache_copy_of_mapped_experts() -> None:
 
 
 def test_moe_hybrid_cpu_part() -> None:
-    # the CPU's part of hybrid MoE decode (patch 0024): the weighted sum of the selections left to the CPU, computed
+    # the CPU's part of hybrid MoE decode (patch 0025): the weighted sum of the selections left to the CPU, computed
     # from q4_0 host experts, against the experts computed in float from their dequantized weights
     out = run("test-moe-hybrid")
     assert "OK" in out.splitlines(), out[-2000:]
@@ -77,7 +77,7 @@ def test_moe_cache_lru() -> None:
 
 @pytest.mark.gpu
 def test_copy_regions_on_the_gpu() -> None:
-    # patch 0011 on the GPU: random region sets from device and pinned host memory into device memory, byte for byte,
+    # patch 0012 on the GPU: random region sets from device and pinned host memory into device memory, byte for byte,
     # on a fresh instance (the prefetch copy queue) and on one that computed
     # a graph (the copy kernel); CUDA >= 12.8 batches every set
     out = run("test-copy-regions")
