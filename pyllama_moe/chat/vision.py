@@ -27,6 +27,7 @@ import binascii
 import contextlib
 import logging
 import os
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -166,7 +167,7 @@ def inline_images(messages: list[dict[str, Any]], *, local_files: bool = True,
     bytes together, as images sent in the body do: a request of many large URLs is refused, not held in memory."""
     out = []
     n = 0
-    left = MAX_FILE_BYTES * 1024 if max_bytes is None else max_bytes
+    left = sys.maxsize if max_bytes is None else max_bytes  # each image is bounded by MAX_FILE_BYTES anyway
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):

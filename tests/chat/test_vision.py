@@ -25,7 +25,7 @@ from pyllama_moe.llama import Llama
 from pyllama_moe.session import MEDIA_TOKEN
 from pyllama_moe.tools.synth.projector import ProjectorShape, write_projector
 
-from fixtures.images import data_uri, huge_png_header, png
+from fixtures.images import data_uri, huge_png_header, png, serving
 from fixtures.models import model_path
 
 N_EMBD_TEXT = 64  # synth's tiny preset
@@ -148,34 +148,11 @@ def test_every_form_of_image_url_gives_the_same_answer(llm: Llama, tmp_path: Pat
 
 
 def test_http_image_is_fetched(llm: Llama) -> None:
-    import http.server
-    import threading
-
     image = png(32, 32, seed=6)
-
-    class Serve(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.path != "/cat.png":
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(image)))
-            self.end_headers()
-            self.wfile.write(image)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serve)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serving("/cat.png", image) as url:
         assert first_logprobs(llm, ask(url + "/cat.png")) == first_logprobs(llm, ask(data_uri(image)))
         with pytest.raises(ImageError, match="HTTP 404"):
             llm.create_chat_completion(messages=ask(url + "/missing.png"), **GREEDY)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("url,message", [

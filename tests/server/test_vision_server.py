@@ -17,7 +17,7 @@ from pyllama_moe.chat import vision  # noqa: E402
 from pyllama_moe.server import ModelSettings, ServerSettings, create_app, parse_args  # noqa: E402
 from pyllama_moe.tools.synth.projector import write_projector  # noqa: E402
 
-from fixtures.images import data_uri, huge_png_header, png  # noqa: E402
+from fixtures.images import data_uri, huge_png_header, png, serving  # noqa: E402
 from fixtures.models import model_path  # noqa: E402
 from fixtures.server import Running  # noqa: E402
 
@@ -82,28 +82,8 @@ def test_bad_images_are_openai_400s(server: Running, url: str, message: str, str
 
 
 def test_an_http_image_is_read_before_the_model(server: Running) -> None:
-    import http.server
-    import threading
-
     image = png(40, 40, seed=3)
-
-    class Serve(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.path != "/cat.png":
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(image)))
-            self.end_headers()
-            self.wfile.write(image)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serve)
-    threading.Thread(target=files.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{files.server_address[1]}"
+    with serving("/cat.png", image) as url:
         client = server.client()
         by_url = client.chat.completions.create(model="vision", messages=image_message(url + "/cat.png"),
                                                 max_tokens=6, temperature=0)
@@ -114,9 +94,6 @@ def test_an_http_image_is_read_before_the_model(server: Running) -> None:
         r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
             "model": "vision", "messages": image_message(url + "/missing.png"), "max_tokens": 2})
         assert r.status_code == 400 and "HTTP 404" in r.json()["error"]["message"]
-    finally:
-        files.shutdown()
-        files.server_close()
 
 
 def test_a_model_without_a_projector_refuses_images(projector: Path) -> None:
